@@ -1,0 +1,1 @@
+"""Workload generators, the replica simulator and benchmark scripts."""

@@ -1,0 +1,241 @@
+"""A deterministic OpenAI-compatible upstream for fault, timing and overhead tests.
+
+Behaviour is fixed by its settings (latency before the response, number of stream chunks and
+the gap between them) and by a script of per-request actions that a test queues up
+(``"ok"``, ``"status:503"``, ``"drop"``, ``"hang"``, ``"midstream_drop"``...). Nothing is random.
+Run standalone: ``python -m bench.fake_upstream --port 9000 --latency-ms 1 --chunks 64``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class FakeSettings:
+    models: tuple[str, ...] = ("fake-model",)
+    latency_ms: float = 0.0  # before the response headers (non-stream) or first chunk
+    chunks: int = 4  # streamed content chunks
+    chunk_interval_ms: float = 0.0
+    reply: str = "hello from the fake upstream"
+
+
+@dataclass
+class RecordedRequest:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass
+class FakeUpstream:
+    settings: FakeSettings = field(default_factory=FakeSettings)
+    healthy: bool = True
+    script: deque[str] = field(default_factory=deque)
+    requests: list[RecordedRequest] = field(default_factory=list)
+    active: int = 0
+    disconnected: int = 0  # requests whose client went away before the response finished
+    completed: int = 0
+    record: bool = True
+
+    def queue(self, *actions: str) -> None:
+        self.script.extend(actions)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._completion)
+        app.router.add_post("/v1/completions", self._completion)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.healthy else 503)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        data = [{"id": m, "object": "model", "owned_by": "fake"} for m in self.settings.models]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        text = (
+            f'vllm:num_requests_running{{model_name="{self.settings.models[0]}"}} {self.active}\n'
+            f'vllm:num_requests_waiting{{model_name="{self.settings.models[0]}"}} 0\n'
+            f'vllm:kv_cache_usage_perc{{model_name="{self.settings.models[0]}"}} 0.0\n'
+        )
+        return web.Response(text=text)
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        body: dict[str, Any] = await request.json()
+        if self.record:
+            self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+        action = self.script.popleft() if self.script else "ok"
+        self.active += 1
+        try:
+            return await self._act(request, body, action)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.disconnected += 1
+            raise
+        finally:
+            self.active -= 1
+
+    async def _act(
+        self, request: web.Request, body: dict[str, Any], action: str
+    ) -> web.StreamResponse:
+        if action.startswith("status:"):
+            status = int(action.split(":", 1)[1])
+            err = {"error": {"message": f"fake {status}", "type": "fake_error", "code": status}}
+            return web.json_response(err, status=status)
+        if action == "drop":
+            assert request.transport is not None
+            request.transport.close()
+            raise ConnectionResetError("fake drop")
+        if action == "hang":
+            await asyncio.sleep(3600)
+        if action.startswith("sleep:"):
+            await asyncio.sleep(float(action.split(":", 1)[1]))
+        if self.settings.latency_ms:
+            await asyncio.sleep(self.settings.latency_ms / 1000)
+        chat = request.path.endswith("/chat/completions")
+        if body.get("stream"):
+            return await self._stream(
+                request, body, chat, midstream_drop=action == "midstream_drop"
+            )
+        self.completed += 1
+        return web.json_response(self._full(body, chat))
+
+    def _full(self, body: dict[str, Any], chat: bool) -> dict[str, Any]:
+        n = int(body.get("n") or 1)
+        text = self.settings.reply
+        choices: list[dict[str, Any]] = []
+        for i in range(n):
+            if chat:
+                msg = {"role": "assistant", "content": text}
+                choices.append(
+                    {"index": i, "message": msg, "finish_reason": "stop", "logprobs": None}
+                )
+            else:
+                choices.append(
+                    {"index": i, "text": text, "finish_reason": "stop", "logprobs": None}
+                )
+        return {
+            "id": "fake-1",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model", self.settings.models[0]),
+            "choices": choices,
+            "usage": {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11},
+        }
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], chat: bool, midstream_drop: bool
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        model = body.get("model", self.settings.models[0])
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        gap = self.settings.chunk_interval_ms / 1000
+        for i in range(self.settings.chunks):
+            if i and gap:
+                await asyncio.sleep(gap)
+            if chat:
+                delta: dict[str, Any] = {"content": f"tok{i} "}
+                if i == 0:
+                    delta["role"] = "assistant"
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+            else:
+                choice = {"index": 0, "text": f"tok{i} ", "finish_reason": None}
+            if i == self.settings.chunks - 1:
+                choice["finish_reason"] = "stop"
+            chunk = {
+                "id": "fake-1",
+                "object": kind,
+                "created": 0,
+                "model": model,
+                "choices": [choice],
+            }
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if midstream_drop and i == 1:
+                assert request.transport is not None
+                request.transport.close()
+                raise ConnectionResetError("fake midstream drop")
+        opts = body.get("stream_options") or {}
+        if opts.get("include_usage"):
+            usage = {
+                "prompt_tokens": 5,
+                "completion_tokens": self.settings.chunks,
+                "total_tokens": 5 + self.settings.chunks,
+            }
+            chunk = {
+                "id": "fake-1",
+                "object": kind,
+                "created": 0,
+                "model": model,
+                "choices": [],
+                "usage": usage,
+            }
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        self.completed += 1
+        return resp
+
+
+async def start_fake(
+    fake: FakeUpstream, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, str]:
+    """Start ``fake`` on loopback; returns the runner and its base URL (ending in /v1)."""
+    runner = web.AppRunner(fake.app(), access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server
+    assert server is not None
+    sockets = getattr(server, "sockets", None)
+    assert sockets
+    bound_port = sockets[0].getsockname()[1]
+    return runner, f"http://{host}:{bound_port}/v1"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=9000)
+    p.add_argument("--latency-ms", type=float, default=0.0)
+    p.add_argument("--chunks", type=int, default=4)
+    p.add_argument("--chunk-interval-ms", type=float, default=0.0)
+    p.add_argument("--model", action="append", default=None)
+    args = p.parse_args()
+    settings = FakeSettings(
+        models=tuple(args.model or ["fake-model"]),
+        latency_ms=args.latency_ms,
+        chunks=args.chunks,
+        chunk_interval_ms=args.chunk_interval_ms,
+    )
+    fake = FakeUpstream(settings=settings, record=False)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        pass
+    web.run_app(
+        fake.app(),
+        host=args.host,
+        port=args.port,
+        access_log=None,
+        print=None,
+        handler_cancellation=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The gateway's errors: one hierarchy, each with an HTTP status and an OpenAI error type.
+
+| class              | status | type                  | when                                        |
+|--------------------|--------|-----------------------|---------------------------------------------|
+| BadRequest         | 400    | invalid_request_error | malformed JSON, missing or mistyped fields  |
+| Unauthorized       | 401    | authentication_error  | missing or unknown API key                  |
+| NotFound           | 404    | not_found_error       | unknown model or route                      |
+| PayloadTooLarge    | 413    | invalid_request_error | body over server.max_body_bytes             |
+| RateLimited        | 429    | rate_limit_error      | admission refused                           |
+| UpstreamError      | 502    | upstream_error        | connect error or 5xx after retries          |
+| Unavailable        | 503    | service_unavailable   | no healthy replica (with Retry-After)       |
+| UpstreamTimeout    | 504    | timeout_error         | the upstream did not answer in time         |
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+
+class GatewayError(Exception):
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.code, self.param)
+
+
+def error_body(
+    message: str, type_: str, code: str | int | None = None, param: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_bytes(message: str, type_: str, code: str | int | None = None) -> bytes:
+    return json.dumps(error_body(message, type_, code)).encode()
+
+
+class BadRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    type = "authentication_error"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "not_found_error"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    type = "upstream_error"
+
+
+class Unavailable(GatewayError):
+    status = 503
+    type = "service_unavailable"
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    type = "timeout_error"

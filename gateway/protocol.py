@@ -1,0 +1,108 @@
+"""Parse and check OpenAI request bodies once; everything else passes through untouched.
+
+Only what the gateway itself relies on is checked (the model, the messages or prompt, the
+stream flag and a few numeric fields); every other field is forwarded as the client sent it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from gateway.errors import BadRequest
+
+
+class Endpoint(Enum):
+    CHAT = "chat/completions"
+    COMPLETIONS = "completions"
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    endpoint: Endpoint
+    raw: bytes
+    body: dict[str, Any]
+    model: str
+    stream: bool
+
+    def body_for(self, upstream_model: str) -> bytes:
+        """The bytes to send upstream: the client's own bytes unless the model is renamed."""
+        if upstream_model == self.model:
+            return self.raw
+        return json.dumps({**self.body, "model": upstream_model}).encode()
+
+
+_INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "top_logprobs", "seed")
+_NUM_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+
+
+def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' is required and must be a string", param="model")
+    if endpoint is Endpoint.CHAT:
+        _check_messages(body.get("messages"))
+    else:
+        _check_prompt(body.get("prompt"))
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    for name in _INT_FIELDS:
+        value = body.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise BadRequest(f"'{name}' must be an integer", param=name)
+    for name in _NUM_FIELDS:
+        value = body.get(name)
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+            raise BadRequest(f"'{name}' must be a number", param=name)
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise BadRequest("'stream_options' must be an object", param="stream_options")
+    return ParsedRequest(endpoint, raw, body, model, stream)
+
+
+def _check_messages(messages: Any) -> None:
+    if messages is None:
+        raise BadRequest("'messages' is required", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty array", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequest(f"'messages[{i}]' must be an object", param=f"messages[{i}]")
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise BadRequest(
+                f"'messages[{i}].role' is required and must be a string",
+                param=f"messages[{i}].role",
+            )
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise BadRequest(
+                f"'messages[{i}].content' must be a string or an array of parts",
+                param=f"messages[{i}].content",
+            )
+
+
+def _check_prompt(prompt: Any) -> None:
+    if prompt is None:
+        raise BadRequest("'prompt' is required", param="prompt")
+    if isinstance(prompt, str):
+        return
+    if isinstance(prompt, list) and prompt and all(
+        isinstance(p, str | int) or (isinstance(p, list) and all(isinstance(t, int) for t in p))
+        for p in prompt
+    ):
+        return
+    raise BadRequest(
+        "'prompt' must be a string, an array of strings, or token ids", param="prompt"
+    )

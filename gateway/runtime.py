@@ -1,0 +1,153 @@
+"""The runtime built from a validated policy: tenants, surfaces, the model table and pools.
+
+A ``Runtime`` is immutable once built; a reload builds a new one and swaps one reference.
+Pools whose settings did not change are carried over, so replica health and in-flight counts
+survive a reload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.errors import NotFound, Unauthorized
+from policies.schema import OpenAIBackend, Policy, Surface, VllmBackend
+from routing.factory import build_router
+from routing.pool import BackendPool, PoolSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    pool: BackendPool
+    upstream_model: str
+
+
+@dataclass(frozen=True, slots=True)
+class SurfaceChoice:
+    name: str
+    surface: Surface | None
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Runtime:
+    def __init__(self, policy: Policy, source: str, pools: Mapping[str, BackendPool]) -> None:
+        self.policy = policy
+        self.source = source
+        self.pools = dict(pools)
+        self.max_body_bytes = policy.server.max_body_bytes
+        self.surface_header = policy.server.surface_header
+        self.retry_after = str(policy.server.retry_after_s)
+        self._tenants_by_digest: dict[str, str] = {}
+        for name, tenant in policy.tenants.items():
+            for key in tenant.api_keys:
+                self._tenants_by_digest[key_digest(key)] = name
+            for digest in tenant.api_key_sha256:
+                self._tenants_by_digest[digest] = name
+        self._surface_by_header: dict[str, SurfaceChoice] = {}
+        self._surface_by_tenant: dict[str, SurfaceChoice] = {}
+        for sname, surface in policy.surfaces.items():
+            choice = SurfaceChoice(sname, surface)
+            if surface.match.header is not None:
+                self._surface_by_header[surface.match.header] = choice
+            for tenant_name in surface.match.tenants:
+                self._surface_by_tenant.setdefault(tenant_name, choice)
+
+    # --- who -----------------------------------------------------------------------------
+    def authenticate(self, authorization: str | None) -> str:
+        if not self._tenants_by_digest:
+            return "anonymous"
+        if not authorization:
+            raise Unauthorized("missing API key (send 'Authorization: Bearer <key>')",
+                               code="invalid_api_key")
+        scheme, _, key = authorization.partition(" ")
+        tenant = None
+        if scheme.lower() == "bearer" and key:
+            tenant = self._tenants_by_digest.get(key_digest(key.strip()))
+        if tenant is None:
+            raise Unauthorized("invalid API key", code="invalid_api_key")
+        return tenant
+
+    # --- which surface -------------------------------------------------------------------
+    def surface_for(self, tenant: str, header_value: str | None) -> SurfaceChoice:
+        if header_value is not None:
+            choice = self._surface_by_header.get(header_value)
+            if choice is not None:
+                return choice
+        return self._surface_by_tenant.get(tenant, _DEFAULT_SURFACE)
+
+    # --- which model ---------------------------------------------------------------------
+    def targets(self, alias: str) -> list[Target]:
+        """The primary target and its fallbacks, in the order they are tried."""
+        route = self.policy.models.get(alias)
+        if route is not None:
+            primary = self.pools[route.backend]
+            targets = [Target(primary, route.model or _default_upstream(alias, primary))]
+            for fb in route.fallbacks:
+                pool = self.pools[fb.backend]
+                targets.append(Target(pool, fb.model or _default_upstream(alias, pool)))
+            return targets
+        for pool in self.pools.values():
+            if alias in pool.models:
+                return [Target(pool, alias)]
+        raise NotFound(f"The model '{alias}' does not exist", code="model_not_found")
+
+    def model_names(self) -> list[str]:
+        names = list(self.policy.models)
+        for pool in self.pools.values():
+            names.extend(m for m in pool.models if m not in names)
+        return names
+
+    def not_ready(self) -> list[str]:
+        return [name for name, pool in self.pools.items() if not pool.has_healthy()]
+
+
+_DEFAULT_SURFACE = SurfaceChoice("default", None)
+
+
+def _default_upstream(alias: str, pool: BackendPool) -> str:
+    """An alias with no ``model`` keeps its name, unless the pool serves other names only."""
+    if pool.models and alias not in pool.models:
+        return pool.models[0]
+    return alias
+
+
+def pool_settings(name: str, backend: VllmBackend | OpenAIBackend) -> PoolSettings:
+    if isinstance(backend, VllmBackend):
+        urls = tuple(backend.replicas)
+        api_key = backend.api_key
+    else:
+        urls = (backend.base_url,)
+        api_key = os.environ.get(backend.api_key_env) if backend.api_key_env else None
+    h = backend.health
+    return PoolSettings(
+        name=name,
+        kind=backend.kind,
+        base_urls=urls,
+        api_key=api_key,
+        active_health=h.active,
+        health_interval_s=h.interval_s,
+        health_timeout_s=h.timeout_s,
+        eject_after=h.eject_after,
+        cooldown_s=h.cooldown_s,
+        discover_models=backend.discover_models,
+    )
+
+
+def build_pools(policy: Policy, previous: Mapping[str, BackendPool] | None = None) -> dict[str, BackendPool]:
+    """New pools for ``policy``; a pool whose backend did not change is reused as is."""
+    previous = previous or {}
+    pools: dict[str, BackendPool] = {}
+    for name, backend in policy.backends.items():
+        settings = pool_settings(name, backend)
+        old = previous.get(name)
+        routing = backend.routing if isinstance(backend, VllmBackend) else None
+        if old is not None and old.settings == settings and old.routing_config == routing:
+            pools[name] = old
+            continue
+        pools[name] = BackendPool(settings, build_router(routing), routing_config=routing)
+    return pools

@@ -1,0 +1,69 @@
+"""Open a request to one replica, mapping library errors to the gateway's own at the boundary.
+
+An attempt has two phases: until the response headers arrive (``first_byte_s``; failures here
+may be retried on another replica) and the body (``idle_s`` between reads). Only the first phase
+lives here; the relay reads the body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import aiohttp
+from multidict import CIMultiDict
+
+from policies.schema import TimeoutConfig
+from routing.replica import Replica
+
+# Headers from the client that travel upstream (the client's API key never does).
+FORWARDED_HEADERS = ("traceparent", "tracestate", "x-request-id", "x-vllm-priority")
+
+
+class AttemptFailed(Exception):
+    """The attempt failed before any byte of the body; ``retryable`` says if another may help."""
+
+    def __init__(self, outcome: str, message: str, retryable: bool) -> None:
+        super().__init__(message)
+        self.outcome = outcome  # metric label: connect_error | http_5xx | timeout
+        self.retryable = retryable
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamRequest:
+    path: str  # "chat/completions" or "completions"
+    body: bytes
+    headers: CIMultiDict[str]
+
+
+class UpstreamClient:
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+
+    async def open(
+        self, replica: Replica, req: UpstreamRequest, timeouts: TimeoutConfig
+    ) -> aiohttp.ClientResponse:
+        """POST to ``replica``; returns a response with status < 500 whose body is unread."""
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.idle_s
+        )
+        url = f"{replica.base_url}/{req.path}"
+        try:
+            async with asyncio.timeout(timeouts.first_byte_s):
+                resp = await self.session.post(
+                    url, data=req.body, headers=req.headers, timeout=timeout
+                )
+        except TimeoutError as exc:
+            raise AttemptFailed("timeout", f"{replica.name} did not answer in time", False) from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise AttemptFailed("connect_error", f"cannot connect to {replica.name}", True) from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise AttemptFailed(
+                "connect_error", f"{replica.name} closed the connection", True
+            ) from exc
+        except aiohttp.ClientError as exc:
+            raise AttemptFailed("connect_error", f"{replica.name}: {exc}", True) from exc
+        if resp.status >= 500:
+            resp.release()
+            raise AttemptFailed("http_5xx", f"{replica.name} answered {resp.status}", True)
+        return resp

@@ -1,0 +1,178 @@
+"""Load a policy file: YAML -> typed ``Policy``, every error naming file, line and key path."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from policies.schema import OpenAIBackend, Policy
+from policies.yamlsource import KeyPath, SourceDoc, parse_yaml
+
+
+@dataclass(frozen=True)
+class PolicyIssue:
+    file: str
+    line: int | None
+    path: KeyPath
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        key = format_path(self.path)
+        return f"{where}: {key}: {self.message}" if key else f"{where}: {self.message}"
+
+
+class PolicyError(Exception):
+    """A policy that must not be used; ``issues`` lists every problem found."""
+
+    def __init__(self, issues: list[PolicyIssue]) -> None:
+        self.issues = issues
+        super().__init__("\n".join(str(i) for i in issues))
+
+
+def format_path(path: KeyPath) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def load_policy(path: str | Path, env: Mapping[str, str] | None = None) -> Policy:
+    """Read and validate ``path``; raises ``PolicyError`` (never a partial policy)."""
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError([PolicyIssue(file, None, (), f"cannot read: {exc.strerror}")]) from exc
+    return parse_policy(text, file, env)
+
+
+def parse_policy(text: str, file: str = "<policy>", env: Mapping[str, str] | None = None) -> Policy:
+    doc = parse_yaml(text, os.environ if env is None else env)
+    issues = [PolicyIssue(file, i.line, i.path, i.message) for i in doc.issues]
+    if issues:
+        raise PolicyError(issues)
+    if not isinstance(doc.data, dict):
+        raise PolicyError([PolicyIssue(file, 1, (), "the policy must be a mapping of sections")])
+    try:
+        policy = Policy.model_validate(doc.data)
+    except ValidationError as exc:
+        raise PolicyError(_from_validation(exc, doc, file)) from exc
+    issues = [PolicyIssue(file, doc.line_of(p), p, m) for p, m in cross_check(policy, doc)]
+    if issues:
+        raise PolicyError(issues)
+    return policy
+
+
+def _from_validation(exc: ValidationError, doc: SourceDoc, file: str) -> list[PolicyIssue]:
+    issues = []
+    for err in exc.errors(include_url=False):
+        path = _data_path(doc.data, err["loc"])
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif err["type"] == "missing":
+            message = "required key is missing"
+        elif err["type"] == "union_tag_invalid":
+            message = f"unknown kind {err['input'].get('kind')!r} (expected vllm or openai)"
+        elif err["type"] == "union_tag_not_found":
+            message = "missing key 'kind' (vllm or openai)"
+        elif message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        issues.append(PolicyIssue(file, doc.line_of(path), path, message))
+    return issues
+
+
+def _data_path(data: Any, loc: tuple[int | str, ...]) -> KeyPath:
+    """Map a pydantic error location onto the document, dropping union tags it inserts."""
+    path: list[str | int] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+            path.append(part)
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+            path.append(part)
+        elif isinstance(node, dict) and isinstance(part, str) and part != node.get("kind"):
+            path.append(part)  # a missing or unknown key: name it
+            node = None
+        # else: a union tag such as 'vllm' that is not part of the document
+    return tuple(path)
+
+
+def cross_check(policy: Policy, doc: SourceDoc) -> list[tuple[KeyPath, str]]:
+    """Rules that span sections; each returns the key path it is about."""
+    problems: list[tuple[KeyPath, str]] = []
+    backends = policy.backends
+    for alias, route in policy.models.items():
+        if route.backend not in backends:
+            problems.append(
+                (("models", alias, "backend"), f"no backend named {route.backend!r}")
+            )
+        for i, target in enumerate(route.fallbacks):
+            if target.backend not in backends:
+                problems.append(
+                    (("models", alias, "fallbacks", i), f"no backend named {target.backend!r}")
+                )
+    if not policy.models and not any(
+        getattr(b, "discover_models", False) for b in backends.values()
+    ):
+        problems.append((("models",), "no models: declare one or set discover_models on a backend"))
+    for name, backend in backends.items():
+        if isinstance(backend, OpenAIBackend) and backend.api_key_env is not None:
+            if not os.environ.get(backend.api_key_env):
+                problems.append(
+                    (
+                        ("backends", name, "api_key_env"),
+                        f"environment variable {backend.api_key_env} is not set",
+                    )
+                )
+    seen_keys: dict[str, str] = {}
+    for tenant, spec in policy.tenants.items():
+        for i, key in enumerate(spec.api_keys):
+            path: KeyPath = ("tenants", tenant, "api_keys", i)
+            if path not in doc.substituted:
+                problems.append(
+                    (path, "plaintext API key in the file: use ${ENV_VAR} or api_key_sha256")
+                )
+            if key in seen_keys and seen_keys[key] != tenant:
+                problems.append((path, f"the same key is also given to tenant {seen_keys[key]!r}"))
+            seen_keys[key] = tenant
+        if not spec.api_keys and not spec.api_key_sha256:
+            problems.append((("tenants", tenant), "a tenant needs api_keys or api_key_sha256"))
+    headers: dict[str, str] = {}
+    for name, surface in policy.surfaces.items():
+        base: KeyPath = ("surfaces", name)
+        for i, tenant in enumerate(surface.match.tenants):
+            if tenant not in policy.tenants:
+                problems.append(((*base, "match", "tenants", i), f"no tenant named {tenant!r}"))
+        header = surface.match.header
+        if header is not None:
+            if header in headers:
+                problems.append(
+                    ((*base, "match", "header"), f"surface {headers[header]!r} matches it already")
+                )
+            headers[header] = name
+        budget = surface.budget
+        if budget.total_ms is not None:
+            if budget.ttft_ms is not None and budget.ttft_ms > budget.total_ms:
+                problems.append(
+                    (
+                        (*base, "budget", "ttft_ms"),
+                        f"ttft_ms ({budget.ttft_ms:g}) exceeds total_ms ({budget.total_ms:g})",
+                    )
+                )
+            if budget.itl_ms is not None and budget.itl_ms > budget.total_ms:
+                problems.append(
+                    (
+                        (*base, "budget", "itl_ms"),
+                        f"itl_ms ({budget.itl_ms:g}) exceeds total_ms ({budget.total_ms:g})",
+                    )
+                )
+    return problems

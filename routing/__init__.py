@@ -1,0 +1,1 @@
+"""Replica pools, health, and the policies that choose a replica for a request."""

@@ -1,0 +1,152 @@
+"""A backend's pool of replicas: health checks, model discovery, and the router that chooses.
+
+Active checks (``GET /health`` on vLLM replicas) run every ``health.interval_s`` and decide
+health on their own: a failed check takes a replica out, a passing one brings it back. Passive
+ejection (consecutive connect errors or 5xx from proxied requests) is recorded on the
+``Replica``. Model discovery asks ``GET /v1/models`` so a pool can expose what it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from routing.replica import Replica
+from routing.router import Router
+
+log = logging.getLogger("llm_gateway.pool")
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    name: str
+    kind: str  # "vllm" | "openai"
+    base_urls: tuple[str, ...]
+    api_key: str | None
+    active_health: bool
+    health_interval_s: float
+    health_timeout_s: float
+    eject_after: int
+    cooldown_s: float
+    discover_models: bool
+
+
+@dataclass(eq=False)
+class BackendPool:
+    settings: PoolSettings
+    router: Router
+    replicas: list[Replica] = field(default_factory=list)
+    models: tuple[str, ...] = ()  # discovered, in the order the upstream listed them
+    routing_config: object | None = None  # what the router was built from (reload reuse)
+    _task: asyncio.Task[None] | None = None
+    _session: aiohttp.ClientSession | None = None
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        if not self.replicas:
+            self.replicas = [
+                Replica(s.name, url, eject_after=s.eject_after, cooldown_s=s.cooldown_s)
+                for url in s.base_urls
+            ]
+        if s.active_health:
+            for r in self.replicas:
+                r.healthy = False  # unknown until the first check passes
+                r.last_error = "not checked yet"
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    def available(self) -> list[Replica]:
+        return [r for r in self.replicas if r.available()]
+
+    def has_healthy(self) -> bool:
+        return any(r.healthy for r in self.replicas)
+
+    def auth_headers(self) -> dict[str, str]:
+        key = self.settings.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        """First health round and model discovery, then the periodic loop in the background."""
+        self._session = session
+        await self.refresh()
+        self._task = asyncio.create_task(self._loop(), name=f"pool-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def refresh(self) -> None:
+        if self.settings.active_health:
+            await asyncio.gather(*(self._check(r) for r in self.replicas))
+        if self.settings.discover_models:
+            await self._discover()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.health_interval_s)
+            try:
+                await self.refresh()
+            except Exception:  # a bug here must not stop future checks
+                log.exception("health round failed for backend %s", self.name)
+
+    async def _check(self, replica: Replica) -> None:
+        assert self._session is not None
+        timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout_s)
+        try:
+            async with self._session.get(
+                replica.root_url + "/health", timeout=timeout, headers=self.auth_headers()
+            ) as resp:
+                ok = resp.status == 200
+                reason = f"/health answered {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            ok, reason = False, f"/health failed: {type(exc).__name__}"
+        if ok:
+            if not replica.healthy:
+                log.info("replica %s of %s is healthy", replica.name, self.name)
+            replica.record_success()
+        elif replica.healthy or replica.last_error != reason:
+            log.warning("replica %s of %s is down: %s", replica.name, self.name, reason)
+            replica.mark_down(reason)
+
+    async def _discover(self) -> None:
+        assert self._session is not None
+        timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout_s)
+        for replica in self.replicas:
+            if not replica.healthy and self.settings.active_health:
+                continue
+            try:
+                async with self._session.get(
+                    replica.base_url + "/models", timeout=timeout, headers=self.auth_headers()
+                ) as resp:
+                    if resp.status != 200:
+                        continue
+                    payload = await resp.json()
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                continue
+            ids = _model_ids(payload)
+            if ids:
+                self.models = ids
+                return
+
+
+def _model_ids(payload: object) -> tuple[str, ...]:
+    if not isinstance(payload, dict):
+        return ()
+    data = payload.get("data")
+    if not isinstance(data, list):
+        return ()
+    return tuple(m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str))
+
+
+def all_replicas(pools: Sequence[BackendPool]) -> list[Replica]:
+    return [r for p in pools for r in p.replicas]

@@ -1,0 +1,39 @@
+"""The Router interface: one small protocol, one module per strategy, one factory."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from routing.replica import Replica
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRequest:
+    """What a router may look at: the request's model and its prompt, rendered as text."""
+
+    model: str
+    prompt_text: str
+    tenant: str = "anonymous"
+    session_key: str | None = None
+
+
+@dataclass(slots=True)
+class RoutingDecision:
+    replica: Replica
+    reason: str  # "least_loaded", "prefix", "load", "cold", "round_robin", "session", ...
+    matched_prefix: int = 0  # prefix length matched (characters or tokens, strategy-specific)
+    details: dict[str, float | int | str] = field(default_factory=dict)
+
+
+class Router(Protocol):
+    def choose(
+        self, replicas: Sequence[Replica], request: RoutingRequest
+    ) -> RoutingDecision | None:
+        """Pick one of ``replicas`` (already filtered to available ones), or None if empty."""
+        ...
+
+    def on_complete(self, decision: RoutingDecision, request: RoutingRequest, ok: bool) -> None:
+        """Feedback once the request ended (used by strategies that learn from history)."""
+        ...

@@ -1,0 +1,90 @@
+"""Shared fixtures: deterministic fake upstreams and an in-process gateway on loopback."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import openai
+import pytest
+from aiohttp import web
+
+from bench.fake_upstream import FakeSettings, FakeUpstream, start_fake
+from gateway.app import GATEWAY, Gateway, create_app
+from policies.loader import parse_policy
+
+
+@dataclass
+class RunningFake:
+    fake: FakeUpstream
+    url: str  # base URL ending in /v1
+
+
+@dataclass
+class RunningGateway:
+    app: web.Application
+    root: str  # http://127.0.0.1:PORT
+    client: openai.AsyncOpenAI
+
+    @property
+    def base_url(self) -> str:
+        return self.root + "/v1"
+
+    @property
+    def gateway(self) -> Gateway:
+        return self.app[GATEWAY]
+
+
+FakeFactory = Callable[..., Awaitable[RunningFake]]
+GatewayFactory = Callable[..., Awaitable[RunningGateway]]
+
+
+@pytest.fixture
+async def make_fake() -> AsyncIterator[FakeFactory]:
+    runners: list[web.AppRunner] = []
+
+    async def make(**settings: object) -> RunningFake:
+        fake = FakeUpstream(settings=FakeSettings(**settings))  # type: ignore[arg-type]
+        runner, url = await start_fake(fake)
+        runners.append(runner)
+        return RunningFake(fake, url)
+
+    yield make
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def make_gateway(tmp_path: object) -> AsyncIterator[GatewayFactory]:
+    runners: list[web.AppRunner] = []
+    clients: list[openai.AsyncOpenAI] = []
+
+    async def make(policy_yaml: str, api_key: str = "unused") -> RunningGateway:
+        app = create_app(parse_policy(policy_yaml, "test-policy.yaml"))
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        root = f"http://127.0.0.1:{port}"
+        client = openai.AsyncOpenAI(base_url=root + "/v1", api_key=api_key, max_retries=0, timeout=20)
+        runners.append(runner)
+        clients.append(client)
+        return RunningGateway(app, root, client)
+
+    yield make
+    for client in clients:
+        await client.close()
+    for runner in runners:
+        await runner.cleanup()
+
+
+def closed_port_url() -> str:
+    """A loopback base URL where nothing listens."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"

@@ -1,0 +1,188 @@
+"""Bad input, auth and reload: each gets OpenAI's error JSON with the right status."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from tests.conftest import FakeFactory, GatewayFactory, RunningGateway
+
+
+def policy(url: str, extra: str = "") -> str:
+    return f"""
+server: {{max_body_bytes: 2048}}
+backends:
+  up: {{kind: vllm, replicas: ["{url}"], health: {{interval_s: 60}}}}
+models:
+  m: {{backend: up, model: fake-model}}
+{extra}
+"""
+
+
+async def post(gw: RunningGateway, path: str, data: bytes, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as s, s.post(
+        gw.base_url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    ) as r:
+        return r.status, await r.json()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/chat/completions", b'{"model": "m", "messages": [', None),
+        ("/chat/completions", b"[1, 2]", None),
+        ("/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
+        ("/chat/completions", b'{"model": "m"}', "messages"),
+        ("/chat/completions", b'{"model": "m", "messages": "hi"}', "messages"),
+        ("/chat/completions", b'{"model": "m", "messages": [{"content": "x"}]}', "messages[0].role"),
+        ("/chat/completions", b'{"model": "m", "messages": [{"role": "user", "content": 5}]}',
+         "messages[0].content"),
+        ("/chat/completions", b'{"model": "m", "messages": [{"role": "user"}], "max_tokens": "9"}',
+         "max_tokens"),
+        ("/chat/completions", b'{"model": "m", "messages": [{"role": "user"}], "stream": "yes"}',
+         "stream"),
+        ("/chat/completions", b'{"model": "m", "messages": [{"role": "user"}], "temperature": "hot"}',
+         "temperature"),
+        ("/completions", b'{"model": "m"}', "prompt"),
+        ("/completions", b'{"model": "m", "prompt": {"a": 1}}', "prompt"),
+        ("/chat/completions", b"\xff\xfe", None),
+    ],
+)
+async def test_malformed_requests_are_400(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, path: str, body: bytes, param: str | None
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(policy(up.url))
+    status, payload = await post(gw, path, body)
+    assert status == 400
+    assert payload["error"]["type"] == "invalid_request_error"
+    assert payload["error"]["param"] == param
+    assert "Traceback" not in payload["error"]["message"]
+    assert up.fake.requests == []  # nothing reached the upstream
+
+
+async def test_body_over_limit_is_413(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+    up = await make_fake()
+    gw = await make_gateway(policy(up.url))
+    big = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 4096 + b'"}]}'
+    status, payload = await post(gw, "/chat/completions", big)
+    assert status == 413
+    assert payload["error"]["code"] == "body_too_large"
+
+    async def chunked() -> Any:
+        yield big[:100]
+        yield big[100:]
+
+    async with aiohttp.ClientSession() as s, s.post(
+        gw.base_url + "/chat/completions", data=chunked(), headers={"Content-Type": "application/json"}
+    ) as r:
+        assert r.status == 413
+    with pytest.raises(openai.APIStatusError) as info:
+        await gw.client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x" * 4096}]
+        )
+    assert info.value.status_code == 413
+
+
+async def test_unknown_model_is_404(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+    up = await make_fake()
+    gw = await make_gateway(policy(up.url))
+    with pytest.raises(openai.NotFoundError) as info:
+        await gw.client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
+    assert info.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+async def test_unknown_route_is_404_json(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+    up = await make_fake()
+    gw = await make_gateway(policy(up.url))
+    async with aiohttp.ClientSession() as s, s.get(gw.base_url + "/embeddingz") as r:
+        assert r.status == 404
+        assert (await r.json())["error"]["type"] == "not_found_error"
+    async with aiohttp.ClientSession() as s, s.get(gw.base_url + "/chat/completions") as r:
+        assert r.status == 405
+        assert "error" in await r.json()
+
+
+TENANTS = """
+tenants:
+  team-a: {api_keys: ["${TEST_TENANT_A_KEY}"]}
+  team-b: {api_key_sha256: ["%s"]}
+""" % hashlib.sha256(b"key-of-team-b-123").hexdigest()
+
+
+async def test_tenant_keys(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_TENANT_A_KEY", "key-of-team-a-123")
+    up = await make_fake()
+    gw = await make_gateway(policy(up.url, TENANTS))
+    messages: Any = [{"role": "user", "content": "x"}]
+    for key in ("key-of-team-a-123", "key-of-team-b-123"):
+        client = openai.AsyncOpenAI(base_url=gw.base_url, api_key=key, max_retries=0)
+        r = await client.chat.completions.create(model="m", messages=messages)
+        assert r.choices
+        await client.close()
+    bad = openai.AsyncOpenAI(base_url=gw.base_url, api_key="wrong-key-xyz", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as info:
+        await bad.chat.completions.create(model="m", messages=messages)
+    assert info.value.body["code"] == "invalid_api_key"  # type: ignore[index]
+    with pytest.raises(openai.AuthenticationError):
+        await bad.models.list()
+    await bad.close()
+    status, _ = await post(gw, "/chat/completions", b'{"model": "m", "messages": [{"role": "user"}]}')
+    assert status == 401  # no key at all
+    # The client's key never travels upstream.
+    assert all("Authorization" not in r.headers for r in up.fake.requests)
+
+
+async def test_reload_keeps_running_policy_when_new_one_is_bad(
+    make_fake: FakeFactory, tmp_path: Path
+) -> None:
+    from aiohttp import web
+
+    from gateway.app import GATEWAY, create_app
+    from policies.loader import load_policy
+
+    up = await make_fake()
+    other = await make_fake(models=("second",))
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy(up.url))
+    app = create_app(load_policy(path), str(path), path)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    root = f"http://127.0.0.1:{port}"
+    try:
+        path.write_text(policy(up.url) + "  m2: {backend: nowhere}\n")
+        async with aiohttp.ClientSession() as s, s.post(root + "/admin/reload") as r:
+            assert r.status == 400
+            message = (await r.json())["error"]["message"]
+        assert f"{path}:8: models.m2.backend: no backend named 'nowhere'" in message
+        assert "m2" not in app[GATEWAY].runtime.policy.models  # still the old policy
+        path.write_text(policy(up.url) + f'  m2: {{backend: two}}\nbackends2: 1\n')
+        async with aiohttp.ClientSession() as s, s.post(root + "/admin/reload") as r:
+            assert r.status == 400
+            assert "backends2: unknown key" in (await r.json())["error"]["message"]
+        good = policy(up.url).replace(
+            "backends:\n", f'backends:\n  two: {{kind: vllm, replicas: ["{other.url}"], health: {{interval_s: 60}}}}\n'
+        ) + "  m2: {backend: two}\n"
+        path.write_text(good)
+        old_pool = app[GATEWAY].runtime.pools["up"]
+        async with aiohttp.ClientSession() as s, s.post(root + "/admin/reload") as r:
+            assert r.status == 200
+        rt = app[GATEWAY].runtime
+        assert "m2" in rt.policy.models
+        assert rt.pools["up"] is old_pool  # unchanged backends keep their state
+        client = openai.AsyncOpenAI(base_url=root + "/v1", api_key="x", max_retries=0)
+        await client.chat.completions.create(model="m2", messages=[{"role": "user", "content": "x"}])
+        await client.close()
+        assert other.fake.requests[-1].body["model"] == "second"
+    finally:
+        await runner.cleanup()
