@@ -66,7 +66,9 @@ GATEWAY = web.AppKey("gateway", Gateway)
 REQUEST_ID = web.RequestKey("llm_gateway.request_id", str)
 
 
-def create_app(policy: Policy, source: str = "<policy>", policy_path: Path | None = None) -> web.Application:
+def create_app(
+    policy: Policy, source: str = "<policy>", policy_path: Path | None = None
+) -> web.Application:
     gateway = Gateway(Runtime(policy, source, build_pools(policy)), policy_path)
     app = web.Application(
         middlewares=[_context_middleware, _error_middleware], client_max_size=64 * 1024 * 1024
@@ -111,8 +113,9 @@ async def _context_middleware(request: web.Request, handler: Handler) -> web.Str
     labels = request.get(LABELS_KEY)
     if labels is not None:
         status = request.get(STATUS_KEY, response.status)
+        model, backend, replica = labels
         request.app[GATEWAY].metrics.observe_request(
-            *labels, status=status, seconds=time.perf_counter() - started
+            model, backend, replica, status, time.perf_counter() - started
         )
     return response
 
@@ -128,13 +131,19 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
         if exc.status < 400:
             raise
         type_ = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
-        message = exc.reason if exc.status != 404 else f"unknown route {request.method} {request.path}"
+        message = (
+            exc.reason if exc.status != 404 else f"unknown route {request.method} {request.path}"
+        )
         return web.json_response(
             error_body(message, type_.get(exc.status, "invalid_request_error")), status=exc.status
         )
     except Exception:
-        log.exception("unhandled error in %s %s (request %s)", request.method, request.path,
-                      request.get(REQUEST_ID))
+        log.exception(
+            "unhandled error in %s %s (request %s)",
+            request.method,
+            request.path,
+            request.get(REQUEST_ID),
+        )
         return web.json_response(
             error_body("internal gateway error", "server_error", "internal_error"), status=500
         )
@@ -190,14 +199,18 @@ async def _reload(request: web.Request) -> web.Response:
         raise NotFound(f"unknown route {request.method} {request.path}")
     gateway = request.app[GATEWAY]
     if gateway.policy_path is None:
-        return web.json_response(error_body("no policy file to reload", "invalid_request_error"),
-                                 status=400)
+        return web.json_response(
+            error_body("no policy file to reload", "invalid_request_error"), status=400
+        )
     try:
         rt = await gateway.reload()
     except PolicyError as exc:
         return web.json_response(
-            error_body("policy rejected; the running policy is unchanged:\n" + str(exc),
-                       "invalid_request_error", "invalid_policy"),
+            error_body(
+                "policy rejected; the running policy is unchanged:\n" + str(exc),
+                "invalid_request_error",
+                "invalid_policy",
+            ),
             status=400,
         )
     return web.json_response({"status": "reloaded", "policy": rt.source})

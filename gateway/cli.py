@@ -154,7 +154,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     _logging("INFO")
     policy_path = Path(__file__).resolve().parent.parent / "policies/examples/demo.yaml"
-    with LocalVllmPool(replicas=args.replicas) as pool:
+    with LocalVllmPool(args.replicas) as pool:
         os.environ["DEMO_REPLICAS"] = ",".join(pool.replicas)
         for i, url in enumerate(pool.replicas, start=1):
             os.environ[f"DEMO_REPLICA_{i}"] = url
@@ -182,7 +182,7 @@ llm-gateway is up at {base_url}  (two real vLLM CPU replicas behind it; Ctrl-C s
                                      messages=[{{"role": "user", "content": "Hello"}}])
   print(r.choices[0].message.content, r.usage)
 
-  curl {base_url}/models      curl {base_url.removesuffix('/v1')}/metrics
+  curl {base_url}/models      curl {base_url.removesuffix("/v1")}/metrics
 """
 
 

@@ -17,7 +17,20 @@ from prometheus_client.registry import Collector
 from routing.replica import Replica
 
 LATENCY_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
 )
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -28,7 +41,9 @@ class _ReplicaCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         healthy = GaugeMetricFamily(
-            "llm_gateway_replica_healthy", "1 if the replica takes traffic", labels=["backend", "replica"]
+            "llm_gateway_replica_healthy",
+            "1 if the replica takes traffic",
+            labels=["backend", "replica"],
         )
         outstanding = GaugeMetricFamily(
             "llm_gateway_replica_outstanding",

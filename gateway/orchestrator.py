@@ -42,7 +42,9 @@ class Orchestrator:
         self.client = client
         self.metrics = metrics
 
-    async def handle(self, request: web.Request, rt: Runtime, endpoint: Endpoint) -> web.StreamResponse:
+    async def handle(
+        self, request: web.Request, rt: Runtime, endpoint: Endpoint
+    ) -> web.StreamResponse:
         started = time.perf_counter()
         # 1. who is calling
         tenant = rt.authenticate(request.headers.get("Authorization"))
@@ -97,7 +99,9 @@ class Orchestrator:
                 try:
                     response = await self.client.open(
                         replica,
-                        UpstreamRequest(parsed.endpoint.value, body, _with_auth(headers, pool.auth_headers())),
+                        UpstreamRequest(
+                            parsed.endpoint.value, body, _with_auth(headers, pool.auth_headers())
+                        ),
                         timeouts,
                     )
                 except AttemptFailed as exc:
@@ -180,7 +184,8 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     async for chunk in request.content.iter_chunked(65536):
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes",
-                                  code="body_too_large")
+            raise PayloadTooLarge(
+                f"request body exceeds the limit of {limit} bytes", code="body_too_large"
+            )
         chunks.append(chunk)
     return b"".join(chunks)

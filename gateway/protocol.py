@@ -98,11 +98,13 @@ def _check_prompt(prompt: Any) -> None:
         raise BadRequest("'prompt' is required", param="prompt")
     if isinstance(prompt, str):
         return
-    if isinstance(prompt, list) and prompt and all(
-        isinstance(p, str | int) or (isinstance(p, list) and all(isinstance(t, int) for t in p))
-        for p in prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(
+            isinstance(p, str | int) or (isinstance(p, list) and all(isinstance(t, int) for t in p))
+            for p in prompt
+        )
     ):
         return
-    raise BadRequest(
-        "'prompt' must be a string, an array of strings, or token ids", param="prompt"
-    )
+    raise BadRequest("'prompt' must be a string, an array of strings, or token ids", param="prompt")

@@ -9,6 +9,7 @@ upstream connection, and vLLM then aborts the request.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -22,7 +23,13 @@ from gateway.errors import error_bytes
 log = logging.getLogger("llm_gateway.relay")
 
 _DONE = b"data: [DONE]"
-_HOP_BY_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
+_HOP_BY_HOP = {
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "content-encoding",
+}
 
 
 @dataclass(slots=True)
@@ -48,7 +55,9 @@ async def relay_body(
         body = await upstream.read()
     finally:
         upstream.release()
-    resp = web.Response(status=upstream.status, body=body, headers=response_headers(upstream, extra))
+    resp = web.Response(
+        status=upstream.status, body=body, headers=response_headers(upstream, extra)
+    )
     return resp, RelayResult(upstream.status, None, 0)
 
 
@@ -113,9 +122,5 @@ async def _write_error(
     resp: web.StreamResponse, message: str, type_: str = "upstream_error", code: int = 502
 ) -> None:
     log.warning("stream ended with an error: %s", message)
-    try:
+    with contextlib.suppress(ConnectionResetError):
         await resp.write(b"data: " + error_bytes(message, type_, code) + b"\n\n")
-    except ConnectionResetError:
-        pass
-
-

@@ -62,8 +62,9 @@ class Runtime:
         if not self._tenants_by_digest:
             return "anonymous"
         if not authorization:
-            raise Unauthorized("missing API key (send 'Authorization: Bearer <key>')",
-                               code="invalid_api_key")
+            raise Unauthorized(
+                "missing API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"
+            )
         scheme, _, key = authorization.partition(" ")
         tenant = None
         if scheme.lower() == "bearer" and key:
@@ -138,7 +139,9 @@ def pool_settings(name: str, backend: VllmBackend | OpenAIBackend) -> PoolSettin
     )
 
 
-def build_pools(policy: Policy, previous: Mapping[str, BackendPool] | None = None) -> dict[str, BackendPool]:
+def build_pools(
+    policy: Policy, previous: Mapping[str, BackendPool] | None = None
+) -> dict[str, BackendPool]:
     """New pools for ``policy``; a pool whose backend did not change is reused as is."""
     previous = previous or {}
     pools: dict[str, BackendPool] = {}

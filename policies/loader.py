@@ -53,7 +53,8 @@ def load_policy(path: str | Path, env: Mapping[str, str] | None = None) -> Polic
 
 
 def parse_policy(text: str, file: str = "<policy>", env: Mapping[str, str] | None = None) -> Policy:
-    doc = parse_yaml(text, os.environ if env is None else env)
+    env = os.environ if env is None else env
+    doc = parse_yaml(text, env)
     issues = [PolicyIssue(file, i.line, i.path, i.message) for i in doc.issues]
     if issues:
         raise PolicyError(issues)
@@ -63,7 +64,7 @@ def parse_policy(text: str, file: str = "<policy>", env: Mapping[str, str] | Non
         policy = Policy.model_validate(doc.data)
     except ValidationError as exc:
         raise PolicyError(_from_validation(exc, doc, file)) from exc
-    issues = [PolicyIssue(file, doc.line_of(p), p, m) for p, m in cross_check(policy, doc)]
+    issues = [PolicyIssue(file, doc.line_of(p), p, m) for p, m in cross_check(policy, doc, env)]
     if issues:
         raise PolicyError(issues)
     return policy
@@ -99,22 +100,23 @@ def _data_path(data: Any, loc: tuple[int | str, ...]) -> KeyPath:
         elif isinstance(node, list) and isinstance(part, int) and part < len(node):
             node = node[part]
             path.append(part)
-        elif isinstance(node, dict) and isinstance(part, str) and part != node.get("kind"):
+        elif isinstance(node, dict) and part in {v for v in node.values() if isinstance(v, str)}:
+            continue  # a union tag (kind: vllm, strategy: prefix) that pydantic puts in loc
+        else:
             path.append(part)  # a missing or unknown key: name it
             node = None
-        # else: a union tag such as 'vllm' that is not part of the document
     return tuple(path)
 
 
-def cross_check(policy: Policy, doc: SourceDoc) -> list[tuple[KeyPath, str]]:
+def cross_check(
+    policy: Policy, doc: SourceDoc, env: Mapping[str, str]
+) -> list[tuple[KeyPath, str]]:
     """Rules that span sections; each returns the key path it is about."""
     problems: list[tuple[KeyPath, str]] = []
     backends = policy.backends
     for alias, route in policy.models.items():
         if route.backend not in backends:
-            problems.append(
-                (("models", alias, "backend"), f"no backend named {route.backend!r}")
-            )
+            problems.append((("models", alias, "backend"), f"no backend named {route.backend!r}"))
         for i, target in enumerate(route.fallbacks):
             if target.backend not in backends:
                 problems.append(
@@ -125,14 +127,11 @@ def cross_check(policy: Policy, doc: SourceDoc) -> list[tuple[KeyPath, str]]:
     ):
         problems.append((("models",), "no models: declare one or set discover_models on a backend"))
     for name, backend in backends.items():
-        if isinstance(backend, OpenAIBackend) and backend.api_key_env is not None:
-            if not os.environ.get(backend.api_key_env):
-                problems.append(
-                    (
-                        ("backends", name, "api_key_env"),
-                        f"environment variable {backend.api_key_env} is not set",
-                    )
-                )
+        key_env = backend.api_key_env if isinstance(backend, OpenAIBackend) else None
+        if key_env is not None and not env.get(key_env):
+            problems.append(
+                (("backends", name, "api_key_env"), f"environment variable {key_env} is not set")
+            )
     seen_keys: dict[str, str] = {}
     for tenant, spec in policy.tenants.items():
         for i, key in enumerate(spec.api_keys):

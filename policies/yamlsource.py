@@ -99,7 +99,7 @@ class _Builder:
             self._issue(path, node, f"environment variable {name} is not set")
         self.doc.substituted.add(path)
         if node.style is None:  # plain scalar: let YAML type it again (ints, bools, null)
-            tag = self.resolver.resolve(ScalarNode, value, (True, False))
+            tag = self.resolver.resolve(ScalarNode, value, (True, False))  # type: ignore[no-untyped-call]
             return self.constructor.construct_object(ScalarNode(tag, value), deep=True)
         return value
 

@@ -70,7 +70,9 @@ async def make_gateway(tmp_path: object) -> AsyncIterator[GatewayFactory]:
         assert server is not None
         port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         root = f"http://127.0.0.1:{port}"
-        client = openai.AsyncOpenAI(base_url=root + "/v1", api_key=api_key, max_retries=0, timeout=20)
+        client = openai.AsyncOpenAI(
+            base_url=root + "/v1", api_key=api_key, max_retries=0, timeout=20
+        )
         runners.append(runner)
         clients.append(client)
         return RunningGateway(app, root, client)

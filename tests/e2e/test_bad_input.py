@@ -24,10 +24,17 @@ models:
 """
 
 
-async def post(gw: RunningGateway, path: str, data: bytes, headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as s, s.post(
-        gw.base_url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})}
-    ) as r:
+async def post(
+    gw: RunningGateway, path: str, data: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            gw.base_url + path,
+            data=data,
+            headers={"Content-Type": "application/json", **(headers or {})},
+        ) as r,
+    ):
         return r.status, await r.json()
 
 
@@ -39,15 +46,31 @@ async def post(gw: RunningGateway, path: str, data: bytes, headers: dict[str, st
         ("/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
         ("/chat/completions", b'{"model": "m"}', "messages"),
         ("/chat/completions", b'{"model": "m", "messages": "hi"}', "messages"),
-        ("/chat/completions", b'{"model": "m", "messages": [{"content": "x"}]}', "messages[0].role"),
-        ("/chat/completions", b'{"model": "m", "messages": [{"role": "user", "content": 5}]}',
-         "messages[0].content"),
-        ("/chat/completions", b'{"model": "m", "messages": [{"role": "user"}], "max_tokens": "9"}',
-         "max_tokens"),
-        ("/chat/completions", b'{"model": "m", "messages": [{"role": "user"}], "stream": "yes"}',
-         "stream"),
-        ("/chat/completions", b'{"model": "m", "messages": [{"role": "user"}], "temperature": "hot"}',
-         "temperature"),
+        (
+            "/chat/completions",
+            b'{"model": "m", "messages": [{"content": "x"}]}',
+            "messages[0].role",
+        ),
+        (
+            "/chat/completions",
+            b'{"model": "m", "messages": [{"role": "user", "content": 5}]}',
+            "messages[0].content",
+        ),
+        (
+            "/chat/completions",
+            b'{"model": "m", "messages": [{"role": "user"}], "max_tokens": "9"}',
+            "max_tokens",
+        ),
+        (
+            "/chat/completions",
+            b'{"model": "m", "messages": [{"role": "user"}], "stream": "yes"}',
+            "stream",
+        ),
+        (
+            "/chat/completions",
+            b'{"model": "m", "messages": [{"role": "user"}], "temperature": "hot"}',
+            "temperature",
+        ),
         ("/completions", b'{"model": "m"}', "prompt"),
         ("/completions", b'{"model": "m", "prompt": {"a": 1}}', "prompt"),
         ("/chat/completions", b"\xff\xfe", None),
@@ -78,9 +101,14 @@ async def test_body_over_limit_is_413(make_fake: FakeFactory, make_gateway: Gate
         yield big[:100]
         yield big[100:]
 
-    async with aiohttp.ClientSession() as s, s.post(
-        gw.base_url + "/chat/completions", data=chunked(), headers={"Content-Type": "application/json"}
-    ) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            gw.base_url + "/chat/completions",
+            data=chunked(),
+            headers={"Content-Type": "application/json"},
+        ) as r,
+    ):
         assert r.status == 413
     with pytest.raises(openai.APIStatusError) as info:
         await gw.client.chat.completions.create(
@@ -93,11 +121,15 @@ async def test_unknown_model_is_404(make_fake: FakeFactory, make_gateway: Gatewa
     up = await make_fake()
     gw = await make_gateway(policy(up.url))
     with pytest.raises(openai.NotFoundError) as info:
-        await gw.client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
+        await gw.client.chat.completions.create(
+            model="gpt-9", messages=[{"role": "user", "content": "x"}]
+        )
     assert info.value.body["code"] == "model_not_found"  # type: ignore[index]
 
 
-async def test_unknown_route_is_404_json(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+async def test_unknown_route_is_404_json(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
     up = await make_fake()
     gw = await make_gateway(policy(up.url))
     async with aiohttp.ClientSession() as s, s.get(gw.base_url + "/embeddingz") as r:
@@ -108,11 +140,12 @@ async def test_unknown_route_is_404_json(make_fake: FakeFactory, make_gateway: G
         assert "error" in await r.json()
 
 
-TENANTS = """
-tenants:
-  team-a: {api_keys: ["${TEST_TENANT_A_KEY}"]}
-  team-b: {api_key_sha256: ["%s"]}
-""" % hashlib.sha256(b"key-of-team-b-123").hexdigest()
+DIGEST_B = hashlib.sha256(b"key-of-team-b-123").hexdigest()
+TENANTS = (
+    "tenants:\n"
+    '  team-a: {api_keys: ["${TEST_TENANT_A_KEY}"]}\n'
+    f'  team-b: {{api_key_sha256: ["{DIGEST_B}"]}}\n'
+)
 
 
 async def test_tenant_keys(
@@ -134,7 +167,9 @@ async def test_tenant_keys(
     with pytest.raises(openai.AuthenticationError):
         await bad.models.list()
     await bad.close()
-    status, _ = await post(gw, "/chat/completions", b'{"model": "m", "messages": [{"role": "user"}]}')
+    status, _ = await post(
+        gw, "/chat/completions", b'{"model": "m", "messages": [{"role": "user"}]}'
+    )
     assert status == 401  # no key at all
     # The client's key never travels upstream.
     assert all("Authorization" not in r.headers for r in up.fake.requests)
@@ -166,13 +201,17 @@ async def test_reload_keeps_running_policy_when_new_one_is_bad(
             message = (await r.json())["error"]["message"]
         assert f"{path}:8: models.m2.backend: no backend named 'nowhere'" in message
         assert "m2" not in app[GATEWAY].runtime.policy.models  # still the old policy
-        path.write_text(policy(up.url) + f'  m2: {{backend: two}}\nbackends2: 1\n')
+        path.write_text(policy(up.url) + "  m2: {backend: two}\nbackends2: 1\n")
         async with aiohttp.ClientSession() as s, s.post(root + "/admin/reload") as r:
             assert r.status == 400
             assert "backends2: unknown key" in (await r.json())["error"]["message"]
-        good = policy(up.url).replace(
-            "backends:\n", f'backends:\n  two: {{kind: vllm, replicas: ["{other.url}"], health: {{interval_s: 60}}}}\n'
-        ) + "  m2: {backend: two}\n"
+        good = (
+            policy(up.url).replace(
+                "backends:\n",
+                f'backends:\n  two: {{kind: vllm, replicas: ["{other.url}"], health: {{interval_s: 60}}}}\n',
+            )
+            + "  m2: {backend: two}\n"
+        )
         path.write_text(good)
         old_pool = app[GATEWAY].runtime.pools["up"]
         async with aiohttp.ClientSession() as s, s.post(root + "/admin/reload") as r:
@@ -181,7 +220,9 @@ async def test_reload_keeps_running_policy_when_new_one_is_bad(
         assert "m2" in rt.policy.models
         assert rt.pools["up"] is old_pool  # unchanged backends keep their state
         client = openai.AsyncOpenAI(base_url=root + "/v1", api_key="x", max_retries=0)
-        await client.chat.completions.create(model="m2", messages=[{"role": "user", "content": "x"}])
+        await client.chat.completions.create(
+            model="m2", messages=[{"role": "user", "content": "x"}]
+        )
         await client.close()
         assert other.fake.requests[-1].body["model"] == "second"
     finally:

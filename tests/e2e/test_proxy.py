@@ -79,9 +79,14 @@ async def test_raw_body_is_forwarded_byte_for_byte_when_model_is_not_renamed(
     up = await make_fake()
     gw = await make_gateway(one_backend(up.url))
     raw = b'{"model": "fake-model",   "messages": [{"role":"user","content":"x"}], "z": 1.50}'
-    async with aiohttp.ClientSession() as s, s.post(
-        gw.base_url + "/chat/completions", data=raw, headers={"Content-Type": "application/json"}
-    ) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            gw.base_url + "/chat/completions",
+            data=raw,
+            headers={"Content-Type": "application/json"},
+        ) as r,
+    ):
         assert r.status == 200
     assert up.fake.requests[-1].body == json.loads(raw)
 
@@ -102,15 +107,21 @@ async def test_streaming_chat_relays_chunks_and_done(
             usage = chunk.usage
     assert texts == [f"tok{i} " for i in range(8)]
     assert usage is not None and usage.completion_tokens == 8
-    async with aiohttp.ClientSession() as s, s.post(
-        gw.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
-    ) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            gw.base_url + "/chat/completions",
+            json={"model": "m", "messages": MESSAGES, "stream": True},
+        ) as r,
+    ):
         assert r.headers["Content-Type"].startswith("text/event-stream")
         body = await r.read()
     assert body.endswith(b"data: [DONE]\n\n")
 
 
-async def test_completions_streaming_and_not(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+async def test_completions_streaming_and_not(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
     up = await make_fake(chunks=3)
     gw = await make_gateway(one_backend(up.url))
     full = await gw.client.completions.create(model="m", prompt="once upon", max_tokens=5)
@@ -167,7 +178,9 @@ async def test_retry_on_another_replica_before_first_byte(
     assert b.fake.completed >= 1
 
 
-async def test_upstream_4xx_is_relayed_as_is(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+async def test_upstream_4xx_is_relayed_as_is(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
     up = await make_fake()
     gw = await make_gateway(one_backend(up.url))
     up.fake.queue("status:422")
@@ -177,7 +190,9 @@ async def test_upstream_4xx_is_relayed_as_is(make_fake: FakeFactory, make_gatewa
     assert len(up.fake.requests) == 1  # a 4xx is the client's problem: no retry
 
 
-async def test_5xx_after_retries_is_502(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+async def test_5xx_after_retries_is_502(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
     a = await make_fake()
     b = await make_fake()
     gw = await make_gateway(two_replicas(a.url, b.url))
@@ -206,9 +221,10 @@ async def test_no_healthy_replica_is_503_with_retry_after(make_gateway: GatewayF
     from tests.conftest import closed_port_url
 
     gw = await make_gateway(one_backend(closed_port_url()))
-    async with aiohttp.ClientSession() as s, s.post(
-        gw.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES}
-    ) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(gw.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES}) as r,
+    ):
         assert r.status == 503
         assert r.headers["Retry-After"] == "2"
         body = await r.json()
@@ -217,11 +233,11 @@ async def test_no_healthy_replica_is_503_with_retry_after(make_gateway: GatewayF
         assert r.status == 503
 
 
-async def test_upstream_timeout_is_504(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+async def test_upstream_timeout_is_504(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
     up = await make_fake()
-    gw = await make_gateway(
-        one_backend(up.url, backend_extra="timeouts: {first_byte_s: 0.3}")
-    )
+    gw = await make_gateway(one_backend(up.url, backend_extra="timeouts: {first_byte_s: 0.3}"))
     up.fake.queue("hang")
     with pytest.raises(openai.APIStatusError) as info:
         await gw.client.chat.completions.create(model="m", messages=MESSAGES)
@@ -273,7 +289,8 @@ async def test_client_disconnect_closes_upstream_within_a_second(
     gw = await make_gateway(one_backend(up.url))
     async with aiohttp.ClientSession() as s:
         resp = await s.post(
-            gw.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+            gw.base_url + "/chat/completions",
+            json={"model": "m", "messages": MESSAGES, "stream": True},
         )
         await resp.content.readline()
         assert up.fake.active == 1
@@ -364,7 +381,9 @@ async def test_active_health_check_takes_replica_out_and_back(
     assert all(r.healthy for r in pool.replicas)
 
 
-async def test_metrics_histograms_are_labelled(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+async def test_metrics_histograms_are_labelled(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
     up = await make_fake(chunks=5)
     gw = await make_gateway(one_backend(up.url))
     stream = await gw.client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
@@ -380,8 +399,14 @@ async def test_metrics_histograms_are_labelled(make_fake: FakeFactory, make_gate
         in text
     )
     assert 'llm_gateway_requests_total{backend="",model="nope",replica="",status="404"} 1.0' in text
-    assert f'llm_gateway_time_to_first_token_seconds_count{{backend="up",model="m",replica="{replica}"}} 1.0' in text
-    assert f'llm_gateway_inter_token_latency_seconds_count{{backend="up",model="m",replica="{replica}"}}' in text
+    assert (
+        f'llm_gateway_time_to_first_token_seconds_count{{backend="up",model="m",replica="{replica}"}} 1.0'
+        in text
+    )
+    assert (
+        f'llm_gateway_inter_token_latency_seconds_count{{backend="up",model="m",replica="{replica}"}}'
+        in text
+    )
     assert "llm_gateway_request_duration_seconds_bucket" in text
     assert f'llm_gateway_replica_healthy{{backend="up",replica="{replica}"}} 1.0' in text
 

@@ -70,26 +70,67 @@ def test_env_value_overrides_default(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        (("    kind: vllm\n", "    kind: vllm\n    replica: []\n"), "p.yaml:7: backends.pool.replica: unknown key"),
+        (
+            ("    kind: vllm\n", "    kind: vllm\n    replica: []\n"),
+            "p.yaml:7: backends.pool.replica: unknown key",
+        ),
         (("version: 1\n", "version: 1\nextra: true\n"), "p.yaml:2: extra: unknown key"),
-        (("    kind: openai\n", "    kind: azure\n"), "p.yaml:8: backends.ext: unknown kind 'azure'"),
-        (("max_body_bytes: ${MAX_BODY:-8192}", "max_body_bytes: lots"), "p.yaml:3: server.max_body_bytes: Input should be a valid integer"),
-        (("ttft_ms: 300", "ttft_ms: 6000"), "p.yaml:23: surfaces.voice.budget.ttft_ms: ttft_ms (6000) exceeds total_ms (5000)"),
-        (("itl_ms: 40", "itl_ms: 9000"), "p.yaml:23: surfaces.voice.budget.itl_ms: itl_ms (9000) exceeds total_ms (5000)"),
-        (("small: {backend: pool", "small: {backend: poool"), "p.yaml:13: models.small.backend: no backend named 'poool'"),
-        (("fallbacks: [pool,", "fallbacks: [nowhere,"), "p.yaml:17: models.large.fallbacks[0]: no backend named 'nowhere'"),
-        (("tenants: [a]", "tenants: [b]"), "p.yaml:22: surfaces.voice.match.tenants[0]: no tenant named 'b'"),
-        (('["${KEY_A}"]', '["literal-secret"]'), "p.yaml:19: tenants.a.api_keys[0]: plaintext API key in the file"),
-        (('["${KEY_A}"]', '["${NOT_SET_ANYWHERE}"]'), "p.yaml:19: tenants.a.api_keys[0]: environment variable NOT_SET_ANYWHERE is not set"),
-        (("percentile: p99", "percentile: 120"), "p.yaml:23: surfaces.voice.budget.percentile: Input should be less than 100"),
-        (('"http://127.0.0.1:8001/v1",', '"ftp://x",'), "p.yaml:7: backends.pool.replicas: not an http(s) URL: 'ftp://x'"),
-        (("  small:", "  large: {backend: pool}\n  small:"), "p.yaml:15: models.large: duplicate key"),
+        (
+            ("    kind: openai\n", "    kind: azure\n"),
+            "p.yaml:8: backends.ext: unknown kind 'azure'",
+        ),
+        (
+            ("max_body_bytes: ${MAX_BODY:-8192}", "max_body_bytes: lots"),
+            "p.yaml:3: server.max_body_bytes: Input should be a valid integer",
+        ),
+        (
+            ("ttft_ms: 300", "ttft_ms: 6000"),
+            "p.yaml:23: surfaces.voice.budget.ttft_ms: ttft_ms (6000) exceeds total_ms (5000)",
+        ),
+        (
+            ("itl_ms: 40", "itl_ms: 9000"),
+            "p.yaml:23: surfaces.voice.budget.itl_ms: itl_ms (9000) exceeds total_ms (5000)",
+        ),
+        (
+            ("small: {backend: pool", "small: {backend: poool"),
+            "p.yaml:13: models.small.backend: no backend named 'poool'",
+        ),
+        (
+            ("fallbacks: [pool,", "fallbacks: [nowhere,"),
+            "p.yaml:17: models.large.fallbacks[0]: no backend named 'nowhere'",
+        ),
+        (
+            ("tenants: [a]", "tenants: [b]"),
+            "p.yaml:22: surfaces.voice.match.tenants[0]: no tenant named 'b'",
+        ),
+        (
+            ('["${KEY_A}"]', '["literal-secret"]'),
+            "p.yaml:19: tenants.a.api_keys[0]: plaintext API key in the file",
+        ),
+        (
+            ('["${KEY_A}"]', '["${NOT_SET_ANYWHERE}"]'),
+            "p.yaml:19: tenants.a.api_keys[0]: environment variable NOT_SET_ANYWHERE is not set",
+        ),
+        (
+            ("percentile: p99", "percentile: 120"),
+            "p.yaml:23: surfaces.voice.budget.percentile: Input should be less than 100",
+        ),
+        (
+            ('"http://127.0.0.1:8001/v1",', '"ftp://x",'),
+            "p.yaml:7: backends.pool.replicas: not an http(s) URL: 'ftp://x'",
+        ),
+        (
+            ("  small:", "  large: {backend: pool}\n  small:"),
+            "p.yaml:15: models.large: duplicate key",
+        ),
         (("    kind: vllm\n", ""), "p.yaml:5: backends.pool: missing key 'kind'"),
         (("version: 1\n", "version: [1\n"), "p.yaml:2: invalid YAML"),
         (("version: 1\n", "version: 2\n"), "p.yaml:1: version: Input should be 1"),
     ],
 )
-def test_bad_policies_name_file_line_and_key(change: tuple[str, str], expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_policies_name_file_line_and_key(
+    change: tuple[str, str], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TEST_EXT_KEY", "x")
     old, new = change
     assert old in GOOD
@@ -103,9 +144,12 @@ def test_missing_required_key_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_api_key_env_must_be_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TEST_EXT_KEY", raising=False)
-    found = errors(GOOD)
-    assert "p.yaml:11: backends.ext.api_key_env: environment variable TEST_EXT_KEY is not set" in found
+    with pytest.raises(PolicyError) as info:
+        parse_policy(GOOD, "p.yaml", {"KEY_A": "secret-key-a"})
+    found = [str(i) for i in info.value.issues]
+    assert (
+        "p.yaml:11: backends.ext.api_key_env: environment variable TEST_EXT_KEY is not set" in found
+    )
 
 
 def test_empty_and_non_mapping_files() -> None:
@@ -124,7 +168,11 @@ def test_shipped_examples_pass_check() -> None:
     for name in ("single-backend.yaml", "tenants.yaml", "demo.yaml"):
         proc = subprocess.run(
             [sys.executable, "-m", "gateway", "check", str(EXAMPLES / name)],
-            capture_output=True, text=True, env=env, cwd=ROOT, check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            check=False,
         )
         assert proc.returncode == 0, proc.stderr
         assert "OK" in proc.stdout
@@ -132,9 +180,15 @@ def test_shipped_examples_pass_check() -> None:
 
 def test_check_exit_1_with_precise_errors(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("backends:\n  pool:\n    kind: vllm\n    replicas: [http://a:1/v1]\nmodels:\n  m: {backend: nope}\n")
+    bad.write_text(
+        "backends:\n  pool:\n    kind: vllm\n    replicas: [http://a:1/v1]\nmodels:\n  m: {backend: nope}\n"
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway", "check", str(bad)], capture_output=True, text=True, cwd=ROOT, check=False
+        [sys.executable, "-m", "gateway", "check", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
     )
     assert proc.returncode == 1
     assert f"{bad}:6: models.m.backend: no backend named 'nope'" in proc.stderr
