@@ -8,6 +8,7 @@ lives here; the relay reads the body.
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 
 import aiohttp
@@ -36,6 +37,14 @@ class UpstreamRequest:
     headers: CIMultiDict[str]
 
 
+@functools.lru_cache(maxsize=64)
+def _client_timeout(timeouts: TimeoutConfig) -> aiohttp.ClientTimeout:
+    """Built once per backend's settings (frozen, hashable), not per request."""
+    return aiohttp.ClientTimeout(
+        total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.idle_s
+    )
+
+
 class UpstreamClient:
     def __init__(self, session: aiohttp.ClientSession) -> None:
         self.session = session
@@ -44,9 +53,7 @@ class UpstreamClient:
         self, replica: Replica, req: UpstreamRequest, timeouts: TimeoutConfig
     ) -> aiohttp.ClientResponse:
         """POST to ``replica``; returns a response with status < 500 whose body is unread."""
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.idle_s
-        )
+        timeout = _client_timeout(timeouts)
         url = f"{replica.base_url}/{req.path}"
         try:
             async with asyncio.timeout(timeouts.first_byte_s):

@@ -1,0 +1,68 @@
+# Everything the project needs is installed from here; nothing by hand.
+#   make demo   - install, then run the gateway on an embedded default (two local vLLM CPU
+#                 replicas with a tiny model built on first run); Ctrl-C stops everything
+#   make test   - install the test dependencies and run every tier (lint, types, unit, e2e,
+#                 cache with real Redis, integration with real vLLM)
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: demo test install install-dev vllm-env redis-server litellm-env lint typecheck \
+        test-fast bench-overhead bench-routing bench-cache clean
+
+# Core: the gateway alone (what `make demo` needs besides vLLM).
+$(VENV)/.core: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# Everything: the cache and routing extras (torch pinned to the local CPU wheel first, so
+# nothing pulls a CUDA build), and the test and lint tools.
+$(VENV)/.all: $(VENV)/.core pyproject.toml
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev,cache,routing]'
+	touch $@
+
+install: $(VENV)/.core
+install-dev: $(VENV)/.all
+
+vllm-env:
+	bash deploy/local/vllm-env.sh
+
+redis-server:
+	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+	@redis-server --version
+
+litellm-env:
+	bash bench/litellm-env.sh
+
+demo: install vllm-env
+	$(BIN)/llm-gateway demo
+
+lint: install-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install-dev
+	$(BIN)/mypy
+
+test: install-dev vllm-env redis-server lint typecheck
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-fast: install-dev
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not vllm"
+
+bench-overhead: install-dev litellm-env
+	$(BIN)/python -m bench.overhead
+
+bench-routing: install-dev
+	$(BIN)/python -m bench.prefix_routing
+
+bench-cache: install-dev redis-server
+	$(BIN)/python -m bench.cache
+
+clean:
+	rm -rf $(VENV) .venv-vllm .venv-litellm .cache .mypy_cache .ruff_cache
