@@ -189,6 +189,16 @@ class FakeUpstream:
         return resp
 
 
+def site_port(site: web.TCPSite) -> int:
+    """The port a started site is bound to (useful with port 0)."""
+    server = site._server
+    sockets = getattr(server, "sockets", None)
+    if not sockets:
+        raise RuntimeError("the site is not started")
+    port: int = sockets[0].getsockname()[1]
+    return port
+
+
 async def start_fake(
     fake: FakeUpstream, host: str = "127.0.0.1", port: int = 0
 ) -> tuple[web.AppRunner, str]:
@@ -197,11 +207,7 @@ async def start_fake(
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server = site._server
-    assert server is not None
-    sockets = getattr(server, "sockets", None)
-    assert sockets
-    bound_port = sockets[0].getsockname()[1]
+    bound_port = site_port(site)
     return runner, f"http://{host}:{bound_port}/v1"
 
 

@@ -10,7 +10,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from bench.fake_upstream import FakeSettings, FakeUpstream, start_fake
+from bench.fake_upstream import FakeSettings, FakeUpstream, site_port, start_fake
 from gateway.app import GATEWAY, Gateway, create_app
 from policies.loader import parse_policy
 
@@ -66,9 +66,7 @@ async def make_gateway(tmp_path: object) -> AsyncIterator[GatewayFactory]:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        server = site._server
-        assert server is not None
-        port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = site_port(site)
         root = f"http://127.0.0.1:{port}"
         client = openai.AsyncOpenAI(
             base_url=root + "/v1", api_key=api_key, max_retries=0, timeout=20

@@ -180,6 +180,7 @@ async def test_reload_keeps_running_policy_when_new_one_is_bad(
 ) -> None:
     from aiohttp import web
 
+    from bench.fake_upstream import site_port
     from gateway.app import GATEWAY, create_app
     from policies.loader import load_policy
 
@@ -192,7 +193,7 @@ async def test_reload_keeps_running_policy_when_new_one_is_bad(
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = site_port(site)
     root = f"http://127.0.0.1:{port}"
     try:
         path.write_text(policy(up.url) + "  m2: {backend: nowhere}\n")
