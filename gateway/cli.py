@@ -154,6 +154,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     _logging("INFO")
     policy_path = Path(__file__).resolve().parent.parent / "policies/examples/demo.yaml"
+    print(
+        f"starting {args.replicas} vLLM CPU replicas with the tiny model "
+        "(built on first run; about a minute, more on a busy machine)...",
+        flush=True,
+    )
     with LocalVllmPool(args.replicas) as pool:
         os.environ["DEMO_REPLICAS"] = ",".join(pool.replicas)
         for i, url in enumerate(pool.replicas, start=1):
