@@ -1,0 +1,104 @@
+"""Read what the span needs from an OpenAI answer: model, id, usage, finish reasons.
+
+A non-streamed answer is one JSON document. A stream is read as the relay passes it on: events
+are split on blank lines (an event may straddle two reads), and only the events that can
+carry something new are parsed: the first (model, id), those with a non-null
+``finish_reason``, and the usage chunk, so a long stream costs a substring search per event.
+Text is collected only when asked (the policy's ``record_content``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+_NULL_FINISH = (b'"finish_reason":null', b'"finish_reason": null')
+
+
+@dataclass
+class ResponseSummary:
+    model: str | None = None
+    response_id: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+
+    def absorb(self, obj: Any, collect_text: bool) -> None:
+        if not isinstance(obj, dict):
+            return
+        if self.model is None and isinstance(obj.get("model"), str):
+            self.model = obj["model"]
+        if self.response_id is None and isinstance(obj.get("id"), str):
+            self.response_id = obj["id"]
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            if isinstance(usage.get("prompt_tokens"), int):
+                self.input_tokens = usage["prompt_tokens"]
+            if isinstance(usage.get("completion_tokens"), int):
+                self.output_tokens = usage["completion_tokens"]
+        choices = obj.get("choices")
+        if not isinstance(choices, list):
+            return
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str):
+                self.finish_reasons.append(reason)
+            if collect_text:
+                self._text(choice)
+
+    def _text(self, choice: dict[str, Any]) -> None:
+        for part in (choice.get("message"), choice.get("delta")):
+            if isinstance(part, dict) and isinstance(part.get("content"), str):
+                self.text.append(part["content"])
+        if isinstance(choice.get("text"), str):
+            self.text.append(choice["text"])
+
+
+def summarize_body(body: bytes, collect_text: bool = False) -> ResponseSummary:
+    summary = ResponseSummary()
+    with contextlib.suppress(UnicodeDecodeError, json.JSONDecodeError):
+        summary.absorb(json.loads(body), collect_text)
+    return summary
+
+
+class StreamSummarizer:
+    __slots__ = ("_buffer", "_seen_first", "collect_text", "summary")
+
+    def __init__(self, collect_text: bool = False) -> None:
+        self.collect_text = collect_text
+        self.summary = ResponseSummary()
+        self._buffer = b""
+        self._seen_first = False
+
+    def feed(self, data: bytes) -> None:
+        buffer = self._buffer + data
+        *events, self._buffer = buffer.split(b"\n\n")
+        for event in events:
+            if self._wanted(event):
+                self._parse(event)
+
+    def _wanted(self, event: bytes) -> bool:
+        if self.collect_text or not self._seen_first:
+            return True
+        if b'"usage"' in event:
+            return True
+        return b'"finish_reason"' in event and not any(n in event for n in _NULL_FINISH)
+
+    def _parse(self, event: bytes) -> None:
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]" or not payload:
+                continue
+            try:
+                obj = json.loads(payload)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                continue
+            self._seen_first = True
+            self.summary.absorb(obj, self.collect_text)

@@ -1,0 +1,208 @@
+"""Hedged requests: race a second replica against a late first token, within a rate bound.
+
+``race_first_chunk`` starts the primary attempt; if it has not produced its first chunk after
+``delay_s`` and the caller's ``allow_hedge()`` agrees (the surface's ``HedgeBudget`` has a
+token), it starts the hedge. Whichever *succeeds* first wins; the other is cancelled at once
+and awaited, so its ``finally`` blocks (closing the upstream connection, releasing the load
+guard) run before the race returns. A loser that had already succeeded is handed to
+``discard``. A failure of one attempt does not end the race while the other may still win.
+
+The attempts are plain factories (``Callable[[], Awaitable[T]]``): the orchestrator passes
+functions that open an upstream and read its first chunk; tests pass fakes.
+
+``HedgeBudget`` is a token bucket that starts empty: each request adds ``max_fraction`` of a
+token (saved up to ``burst``), each hedge spends one, so hedges never exceed
+``max_fraction x requests``; ``burst`` only lets unused allowance of quiet periods serve a
+cluster of late requests.
+
+``hedge_delay_s`` implements ``delay_ms: auto``: the replica's recent TTFT p95, no longer than
+the typical replica's p95 (the median of the replicas' p95s: a replica that turned slow would
+otherwise wait for its own slow p95 before hedging), and never past the TTFT budget.
+
+``worth_hedging`` spends a token only where a hedge can win: at the delay, the primary's
+expected remaining wait (the median of its recent TTFTs that were longer than the time
+already waited, minus that time) must exceed a fresh attempt's typical TTFT (the median of
+the other replicas' p50s). A healthy replica's late first token is usually only a little
+late, so its hedges would mostly lose; a slow replica's is not. A wait longer than anything
+the replica recently did is always worth a hedge. ``HedgePolicy`` ties the three together
+for one surface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+from policies.budget_config import HedgeConfig
+from policies.latency import ReplicaLatency
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RaceOutcome(Generic[T]):
+    value: T
+    winner: Literal["primary", "hedge"]
+    hedged: bool  # the hedge was started
+    loser_error: BaseException | None = None  # what the failed attempt raised, if one failed
+
+
+async def race_first_chunk(
+    primary: Callable[[], Awaitable[T]],
+    hedge: Callable[[], Awaitable[T]],
+    delay_s: float | None,
+    *,
+    allow_hedge: Callable[[], bool] = lambda: True,
+    discard: Callable[[T], Awaitable[None]] | None = None,
+) -> RaceOutcome[T]:
+    """Run ``primary``; past ``delay_s`` (None: never) also run ``hedge``; first success wins.
+
+    Raises the primary's error if it fails before the hedge starts, or the primary's error
+    when both fail. Cancelling the caller cancels (and awaits) both attempts.
+    """
+    first = asyncio.ensure_future(primary())
+    try:
+        if delay_s is None:
+            return RaceOutcome(await first, "primary", False)
+        early, _ = await asyncio.wait({first}, timeout=max(delay_s, 0.0))
+        if early or not allow_hedge():
+            return RaceOutcome(await first, "primary", False)
+    except BaseException:
+        await _cancel(first, discard)
+        raise
+    second = asyncio.ensure_future(hedge())
+    tasks: dict[asyncio.Future[T], Literal["primary", "hedge"]] = {
+        first: "primary",
+        second: "hedge",
+    }
+    failed: dict[str, BaseException] = {}
+    try:
+        pending: set[asyncio.Future[T]] = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            # Prefer the primary when both finished in the same turn (deterministic).
+            for task in sorted(done, key=lambda t: tasks[t] != "primary"):
+                exc = _error(task)
+                if exc is not None:
+                    failed[tasks[task]] = exc
+                    continue
+                for other in pending:
+                    await _cancel(other, discard)
+                for other in done:
+                    if other is not task and _error(other) is None and discard is not None:
+                        await discard(other.result())
+                loser = "hedge" if tasks[task] == "primary" else "primary"
+                return RaceOutcome(task.result(), tasks[task], True, failed.get(loser))
+        raise failed["primary"]
+    except BaseException:
+        for attempt in tasks:
+            await _cancel(attempt, discard)
+        raise
+
+
+async def _cancel(task: asyncio.Future[T], discard: Callable[[T], Awaitable[None]] | None) -> None:
+    """Cancel ``task`` and wait until it has unwound; dispose of a result it still produced.
+
+    ``asyncio.wait`` never raises the task's own error, and lets a cancellation of the caller
+    through (the task, already cancelled, then finishes unwinding on its own).
+    """
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task})
+    if _error(task) is None and discard is not None:
+        await discard(task.result())
+
+
+def _error(task: asyncio.Future[T]) -> BaseException | None:
+    if task.cancelled():
+        return asyncio.CancelledError()
+    return task.exception()
+
+
+class HedgeBudget:
+    """Token bucket that keeps hedges below ``max_fraction`` of requests (plus ``burst``)."""
+
+    __slots__ = ("burst", "hedges", "max_fraction", "requests", "tokens")
+
+    def __init__(self, max_fraction: float, burst: float = 10.0) -> None:
+        if not 0 < max_fraction <= 1 or burst < 1:
+            raise ValueError("max_fraction must be in (0, 1] and burst >= 1")
+        self.max_fraction = max_fraction
+        self.burst = burst
+        self.tokens = 0.0
+        self.requests = 0
+        self.hedges = 0
+
+    def on_request(self) -> None:
+        self.requests += 1
+        self.tokens = min(self.burst, self.tokens + self.max_fraction)
+
+    def try_hedge(self) -> bool:
+        if self.tokens < 1.0 - 1e-9:  # ten additions of 0.1 make 0.9999999999999999
+            return False
+        self.tokens = max(self.tokens - 1.0, 0.0)
+        self.hedges += 1
+        return True
+
+
+def hedge_delay_s(
+    config: HedgeConfig,
+    latency: ReplicaLatency,
+    replica_key: str,
+    peers: Sequence[str],
+    ttft_budget_ms: float | None,
+) -> float | None:
+    """Seconds to wait for the first chunk before hedging; None: do not hedge this request."""
+    if not config.enabled:
+        return None
+    if config.delay_ms != "auto":
+        return float(config.delay_ms) / 1000.0
+    own = latency.ttft_p95_ms(replica_key)
+    typical_list = [p for p in (latency.ttft_p95_ms(k) for k in peers) if p is not None]
+    candidates = [v for v in (own, ttft_budget_ms) if v is not None]
+    if typical_list:
+        candidates.append(statistics.median(typical_list))
+    if not candidates:
+        return None  # nothing observed yet and no budget: no basis for a delay
+    return max(min(candidates), config.min_delay_ms) / 1000.0
+
+
+def worth_hedging(
+    latency: ReplicaLatency, primary_key: str, peers: Sequence[str], elapsed_ms: float
+) -> bool:
+    remaining = latency.remaining_ttft_ms(primary_key, elapsed_ms)
+    if remaining is None:
+        return True
+    fresh = [
+        p for p in (latency.ttft_p50_ms(k) for k in peers if k != primary_key) if p is not None
+    ]
+    if not fresh:
+        return True
+    return remaining > statistics.median(fresh)
+
+
+class HedgePolicy:
+    """One surface's hedging: the delay, the worth-it check and the rate bound."""
+
+    def __init__(self, config: HedgeConfig, latency: ReplicaLatency, burst: float = 10.0) -> None:
+        self.config = config
+        self.latency = latency
+        self.budget = HedgeBudget(config.max_fraction, burst)
+
+    def delay_s(
+        self, primary_key: str, peers: Sequence[str], ttft_budget_ms: float | None
+    ) -> float | None:
+        """Count the request and return its hedge delay (None: no hedge for this request)."""
+        if not self.config.enabled:
+            return None
+        self.budget.on_request()
+        return hedge_delay_s(self.config, self.latency, primary_key, peers, ttft_budget_ms)
+
+    def allow(self, primary_key: str, peers: Sequence[str], elapsed_ms: float) -> bool:
+        """At the delay: hedge only if it can help and the rate bound has a token."""
+        if not worth_hedging(self.latency, primary_key, peers, elapsed_ms):
+            return False
+        return self.budget.try_hedge()

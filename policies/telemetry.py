@@ -1,0 +1,357 @@
+"""OpenTelemetry tracing: one span per request (GenAI conventions), children per stage.
+
+Setup. ``Telemetry.from_config`` builds its own ``TracerProvider`` (never the process-global
+one) exporting over OTLP, HTTP or gRPC, through a ``BatchSpanProcessor`` (export runs in the
+SDK's worker thread, off the event loop). Settings come from the policy's ``telemetry``
+section, else the standard variables: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (used as is),
+``OTEL_EXPORTER_OTLP_ENDPOINT`` (a base: ``/v1/traces`` is added for HTTP),
+``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`` (``grpc``, ``http/protobuf``), ``OTEL_SERVICE_NAME``,
+``OTEL_RESOURCE_ATTRIBUTES``; ``OTEL_SDK_DISABLED=true`` turns tracing off. A policy endpoint
+is a base URL too. Disabled telemetry hands out one shared no-op request span whose methods
+return at once.
+
+Spans. ``start_request`` continues the caller's W3C trace context (``traceparent``,
+``tracestate``) and opens a SERVER span named ``{gen_ai.operation.name} {gen_ai.request.model}``
+with the GenAI attributes; ``child`` opens a stage span (cache lookup, routing); ``attempt``
+opens a CLIENT span per upstream attempt (hedges and retries are siblings) and injects its
+context into the upstream headers. Decisions are ``gateway.*`` attributes. Events:
+``first_token`` and ``budget_breach``. Prompt and completion text are recorded only when the
+policy's ``record_content`` is true.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+from policies.budget_config import TelemetryConfig
+
+# GenAI semantic conventions (attribute names as the OpenTelemetry registry spells them).
+OPERATION = "gen_ai.operation.name"
+PROVIDER = "gen_ai.provider.name"
+REQUEST_MODEL = "gen_ai.request.model"
+RESPONSE_MODEL = "gen_ai.response.model"
+RESPONSE_ID = "gen_ai.response.id"
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+FINISH_REASONS = "gen_ai.response.finish_reasons"
+INPUT_MESSAGES = "gen_ai.input.messages"
+OUTPUT_MESSAGES = "gen_ai.output.messages"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+_REQUEST_PARAMS = {
+    "max_tokens": "gen_ai.request.max_tokens",
+    "max_completion_tokens": "gen_ai.request.max_tokens",
+    "temperature": "gen_ai.request.temperature",
+    "top_p": "gen_ai.request.top_p",
+    "seed": "gen_ai.request.seed",
+    "stream": "gen_ai.request.stream",
+}
+DEFAULT_SERVICE = "llm-gateway"
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+Protocol_ = Literal["http", "grpc"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExportSettings:
+    enabled: bool
+    protocol: Protocol_
+    endpoint: str
+    service_name: str
+
+
+def export_settings(config: TelemetryConfig, environ: Mapping[str, str]) -> ExportSettings:
+    enabled = config.enabled and environ.get("OTEL_SDK_DISABLED", "").lower() != "true"
+    raw_protocol = environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+    )
+    protocol: Protocol_ = config.protocol or ("grpc" if raw_protocol == "grpc" else "http")
+    if config.endpoint is not None:
+        endpoint = _signal_url(config.endpoint, protocol)
+    elif "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in environ:
+        endpoint = environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+    elif "OTEL_EXPORTER_OTLP_ENDPOINT" in environ:
+        endpoint = _signal_url(environ["OTEL_EXPORTER_OTLP_ENDPOINT"], protocol)
+    else:
+        endpoint = (
+            "http://localhost:4317" if protocol == "grpc" else "http://localhost:4318/v1/traces"
+        )
+    service = config.service_name or environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE
+    return ExportSettings(enabled, protocol, endpoint, service)
+
+
+def _signal_url(base: str, protocol: Protocol_) -> str:
+    base = base.rstrip("/")
+    if protocol == "grpc" or base.endswith("/v1/traces"):
+        return base
+    return base + "/v1/traces"
+
+
+def _exporter(settings: ExportSettings, headers: Mapping[str, str]) -> SpanExporter:
+    if settings.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
+
+        insecure = settings.endpoint.startswith("http://")
+        return GrpcExporter(
+            endpoint=settings.endpoint, insecure=insecure, headers=dict(headers) or None
+        )
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpExporter,
+    )
+
+    return HttpExporter(endpoint=settings.endpoint, headers=dict(headers) or None)
+
+
+class Telemetry:
+    def __init__(
+        self,
+        tracer: trace.Tracer | None,
+        *,
+        record_content: bool = False,
+        provider: TracerProvider | None = None,
+    ) -> None:
+        self.tracer = tracer
+        self.enabled = tracer is not None
+        self.record_content = record_content
+        self.provider = provider
+
+    @classmethod
+    def disabled(cls) -> Telemetry:
+        return cls(None)
+
+    @classmethod
+    def from_config(
+        cls,
+        config: TelemetryConfig,
+        environ: Mapping[str, str] | None = None,
+        *,
+        exporter: SpanExporter | None = None,
+        batch: bool = True,
+    ) -> Telemetry:
+        """Build from the policy; ``exporter`` replaces OTLP (tests: the in-memory one)."""
+        env = os.environ if environ is None else environ
+        settings = export_settings(config, env)
+        if not settings.enabled:
+            return cls.disabled()
+        resource = Resource.create({"service.name": settings.service_name})
+        sampler = ParentBased(TraceIdRatioBased(config.sample_ratio))
+        provider = TracerProvider(resource=resource, sampler=sampler)
+        out = exporter if exporter is not None else _exporter(settings, config.headers)
+        provider.add_span_processor(BatchSpanProcessor(out) if batch else SimpleSpanProcessor(out))
+        tracer = provider.get_tracer("llm_gateway")
+        return cls(tracer, record_content=config.record_content, provider=provider)
+
+    def shutdown(self) -> None:
+        """Flush and stop the exporter (blocking: call it through ``asyncio.to_thread``)."""
+        if self.provider is not None:
+            self.provider.shutdown()
+
+    def force_flush(self, timeout_ms: int = 5000) -> bool:
+        return self.provider.force_flush(timeout_ms) if self.provider is not None else True
+
+    def start_request(
+        self,
+        *,
+        operation: str,
+        request_model: str,
+        headers: Mapping[str, str],
+        body: Mapping[str, Any] | None = None,
+    ) -> RequestSpan:
+        """The request's span, continuing the caller's W3C trace context from ``headers``.
+
+        ``operation`` is ``chat`` or ``text_completion``; ``body`` contributes the request
+        parameters (max_tokens, temperature, top_p, seed, stream), never the prompt.
+        """
+        if self.tracer is None:
+            return NOOP_REQUEST
+        parent = _PROPAGATOR.extract(headers)
+        attrs: dict[str, AttributeValue] = {OPERATION: operation, REQUEST_MODEL: request_model}
+        if body is not None:
+            for field, name in _REQUEST_PARAMS.items():
+                value = body.get(field)
+                if isinstance(value, bool | int | float | str):
+                    attrs[name] = value
+        span = self.tracer.start_span(
+            f"{operation} {request_model}", context=parent, kind=SpanKind.SERVER, attributes=attrs
+        )
+        return RequestSpan(self, span, operation)
+
+
+class RequestSpan:
+    """The span of one request and the helpers that hang stages and decisions on it."""
+
+    __slots__ = ("_context", "operation", "recording", "span", "telemetry")
+
+    def __init__(self, telemetry: Telemetry | None, span: Span, operation: str = "chat") -> None:
+        self.telemetry = telemetry
+        self.span = span
+        self.operation = operation
+        self.recording = telemetry is not None and span.is_recording()
+        self._context = trace.set_span_in_context(span) if self.recording else Context()
+
+    def decision(self, attrs: Mapping[str, AttributeValue | None]) -> None:
+        """Set ``gateway.<key>`` for each key (None values are skipped)."""
+        if self.recording:
+            for key, value in attrs.items():
+                if value is not None:
+                    self.span.set_attribute(f"gateway.{key}", value)
+
+    @contextmanager
+    def child(self, name: str, attrs: Mapping[str, AttributeValue] | None = None) -> Iterator[Span]:
+        """A stage span (``gateway.cache.lookup``, ``gateway.route``...), ended on exit."""
+        if not self.recording or self.telemetry is None or self.telemetry.tracer is None:
+            yield trace.INVALID_SPAN
+            return
+        span = self.telemetry.tracer.start_span(name, context=self._context, attributes=attrs)
+        with trace.use_span(span, end_on_exit=True):
+            yield span
+
+    def attempt(
+        self,
+        *,
+        base_url: str,
+        upstream_model: str,
+        backend: str,
+        replica: str,
+        hedge: bool = False,
+        index: int = 0,
+        provider: str | None = None,
+    ) -> AttemptSpan:
+        """A CLIENT span for one upstream attempt; end it with ``AttemptSpan.end``."""
+        if not self.recording or self.telemetry is None or self.telemetry.tracer is None:
+            return NOOP_ATTEMPT
+        op = self.operation
+        parts = urlsplit(base_url)
+        attrs: dict[str, AttributeValue] = {
+            OPERATION: op,
+            REQUEST_MODEL: upstream_model,
+            SERVER_ADDRESS: parts.hostname or base_url,
+            "gateway.backend": backend,
+            "gateway.replica": replica,
+            "gateway.attempt.hedge": hedge,
+            "gateway.attempt.index": index,
+        }
+        if parts.port is not None:
+            attrs[SERVER_PORT] = parts.port
+        if provider is not None:
+            attrs[PROVIDER] = provider
+        span = self.telemetry.tracer.start_span(
+            f"{op} {upstream_model}", context=self._context, kind=SpanKind.CLIENT, attributes=attrs
+        )
+        return AttemptSpan(span)
+
+    def first_token(self, ttft_ms: float) -> None:
+        if self.recording:
+            self.span.add_event("first_token", {"gateway.ttft_ms": ttft_ms})
+
+    def budget_breach(self, kind: str, budget_ms: float, observed_ms: float) -> None:
+        """``kind``: ttft | itl | total | queue."""
+        if self.recording:
+            self.span.add_event(
+                "budget_breach",
+                {
+                    "gateway.budget.kind": kind,
+                    "gateway.budget.limit_ms": budget_ms,
+                    "gateway.budget.observed_ms": observed_ms,
+                },
+            )
+
+    def response(
+        self,
+        *,
+        model: str | None = None,
+        response_id: str | None = None,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        finish_reasons: Sequence[str] = (),
+        server_url: str | None = None,
+    ) -> None:
+        if not self.recording:
+            return
+        span = self.span
+        if model is not None:
+            span.set_attribute(RESPONSE_MODEL, model)
+        if response_id is not None:
+            span.set_attribute(RESPONSE_ID, response_id)
+        if input_tokens is not None:
+            span.set_attribute(INPUT_TOKENS, input_tokens)
+        if output_tokens is not None:
+            span.set_attribute(OUTPUT_TOKENS, output_tokens)
+        if finish_reasons:
+            span.set_attribute(FINISH_REASONS, list(finish_reasons))
+        if server_url is not None:
+            parts = urlsplit(server_url)
+            span.set_attribute(SERVER_ADDRESS, parts.hostname or server_url)
+            if parts.port is not None:
+                span.set_attribute(SERVER_PORT, parts.port)
+
+    def content(self, input_messages_json: str | None, output_messages_json: str | None) -> None:
+        """Prompt and completion (JSON, GenAI message shape): only when the policy opts in."""
+        if not self.recording or self.telemetry is None or not self.telemetry.record_content:
+            return
+        if input_messages_json is not None:
+            self.span.set_attribute(INPUT_MESSAGES, input_messages_json)
+        if output_messages_json is not None:
+            self.span.set_attribute(OUTPUT_MESSAGES, output_messages_json)
+
+    def end(self, status: int, error_type: str | None = None) -> None:
+        if not self.recording:
+            return
+        self.span.set_attribute("http.response.status_code", status)
+        if error_type is not None:
+            self.span.set_attribute("error.type", error_type)
+        if status >= 500 or error_type is not None:
+            self.span.set_status(Status(StatusCode.ERROR, error_type))
+        self.span.end()
+
+
+class AttemptSpan:
+    __slots__ = ("_ended", "recording", "span")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.recording = span.is_recording()
+        self._ended = False
+
+    def inject(self, headers: MutableMapping[str, str]) -> None:
+        """Write this attempt's ``traceparent``/``tracestate`` into the upstream headers."""
+        if self.recording:
+            _PROPAGATOR.inject(headers, context=trace.set_span_in_context(self.span))
+
+    def first_chunk(self) -> None:
+        if self.recording:
+            self.span.add_event("first_chunk")
+
+    def end(self, outcome: str, status: int | None = None) -> None:
+        """``outcome``: ok | won | lost | cancelled | http_4xx | http_5xx | connect_error | timeout."""
+        if not self.recording or self._ended:
+            return
+        self._ended = True
+        self.span.set_attribute("gateway.attempt.outcome", outcome)
+        if status is not None:
+            self.span.set_attribute("http.response.status_code", status)
+        if outcome in ("http_5xx", "connect_error", "timeout"):
+            self.span.set_attribute("error.type", outcome)
+            self.span.set_status(Status(StatusCode.ERROR, outcome))
+        self.span.end()
+
+
+NOOP_REQUEST = RequestSpan(None, trace.INVALID_SPAN)
+NOOP_ATTEMPT = AttemptSpan(trace.INVALID_SPAN)

@@ -1,0 +1,251 @@
+"""Hedged races (deterministic fakes), the hedge rate bound and the hedge delay."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from policies.budget_config import HedgeConfig
+from policies.hedging import (
+    HedgeBudget,
+    HedgePolicy,
+    hedge_delay_s,
+    race_first_chunk,
+    worth_hedging,
+)
+from policies.latency import ReplicaLatency
+
+
+class FakeAttempt:
+    """An upstream attempt whose first chunk arrives when the test says so."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.started = False
+        self.cancelled = False
+        self.closed = False
+        self.gate = asyncio.Event()
+        self.error: BaseException | None = None
+
+    async def open(self) -> str:
+        self.started = True
+        try:
+            await self.gate.wait()
+            if self.error is not None:
+                raise self.error
+            return self.name
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        finally:
+            self.closed = True  # where the orchestrator closes the upstream connection
+
+    def answer(self) -> None:
+        self.gate.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self.error = exc
+        self.gate.set()
+
+
+class Discards:
+    def __init__(self) -> None:
+        self.values: list[str] = []
+
+    async def __call__(self, value: str) -> None:
+        self.values.append(value)
+
+
+async def started(attempt: FakeAttempt) -> None:
+    for _ in range(1000):
+        if attempt.started:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"{attempt.name} never started")
+
+
+async def test_primary_before_the_delay_never_starts_the_hedge() -> None:
+    p, h = FakeAttempt("p"), FakeAttempt("h")
+    p.answer()
+    out = await race_first_chunk(p.open, h.open, 5.0)
+    assert (out.value, out.winner, out.hedged, h.started) == ("p", "primary", False, False)
+
+
+async def test_late_primary_loses_to_the_hedge_and_is_cancelled() -> None:
+    p, h = FakeAttempt("p"), FakeAttempt("h")
+    race = asyncio.create_task(race_first_chunk(p.open, h.open, 0.01))
+    await started(h)
+    h.answer()
+    out = await race
+    assert (out.value, out.winner, out.hedged) == ("h", "hedge", True)
+    assert p.cancelled and p.closed  # the loser unwound before the race returned
+
+
+async def test_primary_can_still_win_after_the_hedge_started() -> None:
+    p, h = FakeAttempt("p"), FakeAttempt("h")
+    race = asyncio.create_task(race_first_chunk(p.open, h.open, 0.01))
+    await started(h)
+    p.answer()
+    out = await race
+    assert (out.winner, out.hedged, h.cancelled, h.closed) == ("primary", True, True, True)
+
+
+async def test_no_token_no_hedge() -> None:
+    p, h = FakeAttempt("p"), FakeAttempt("h")
+    race = asyncio.create_task(race_first_chunk(p.open, h.open, 0.01, allow_hedge=lambda: False))
+    await asyncio.sleep(0.03)
+    assert not h.started
+    p.answer()
+    out = await race
+    assert (out.winner, out.hedged) == ("primary", False)
+
+
+async def test_a_failure_does_not_end_the_race_while_the_other_may_win() -> None:
+    p, h = FakeAttempt("p"), FakeAttempt("h")
+    race = asyncio.create_task(race_first_chunk(p.open, h.open, 0.01))
+    await started(h)
+    p.fail(ConnectionError("primary broke"))
+    await asyncio.sleep(0.01)
+    assert not race.done()
+    h.answer()
+    out = await race
+    assert out.winner == "hedge" and isinstance(out.loser_error, ConnectionError)
+
+
+async def test_both_failing_raises_the_primary_error() -> None:
+    p, h = FakeAttempt("p"), FakeAttempt("h")
+    race = asyncio.create_task(race_first_chunk(p.open, h.open, 0.01))
+    await started(h)
+    h.fail(TimeoutError("hedge"))
+    p.fail(ConnectionError("primary"))
+    with pytest.raises(ConnectionError, match="primary"):
+        await race
+
+
+async def test_primary_failing_before_the_delay_raises_without_hedging() -> None:
+    p, h = FakeAttempt("p"), FakeAttempt("h")
+    p.fail(ConnectionError("early"))
+    with pytest.raises(ConnectionError):
+        await race_first_chunk(p.open, h.open, 5.0)
+    assert not h.started
+
+
+async def test_both_answering_in_the_same_turn_keeps_the_primary_and_discards_the_hedge() -> None:
+    p, h = FakeAttempt("p"), FakeAttempt("h")
+    discards = Discards()
+    race = asyncio.create_task(race_first_chunk(p.open, h.open, 0.01, discard=discards))
+    await started(h)
+    p.answer()
+    h.answer()
+    out = await race
+    assert out.winner == "primary" and discards.values == ["h"]
+
+
+async def test_cancelling_the_caller_cancels_both_attempts() -> None:
+    p, h = FakeAttempt("p"), FakeAttempt("h")
+    race = asyncio.create_task(race_first_chunk(p.open, h.open, 0.01))
+    await started(h)
+    race.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await race
+    assert p.cancelled and h.cancelled and p.closed and h.closed
+
+
+async def test_cancelling_the_caller_before_the_hedge_cancels_the_primary() -> None:
+    p, h = FakeAttempt("p"), FakeAttempt("h")
+    race = asyncio.create_task(race_first_chunk(p.open, h.open, 10.0))
+    await started(p)
+    race.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await race
+    assert p.cancelled and not h.started
+
+
+@pytest.mark.parametrize("burst", [1.0, 2.0, 10.0])
+def test_hedge_budget_keeps_hedges_under_the_fraction(burst: float) -> None:
+    budget = HedgeBudget(0.1, burst=burst)
+    for i in range(1000):
+        budget.on_request()
+        budget.try_hedge()  # every request would like a hedge
+        assert budget.hedges <= 0.1 * (i + 1) + 1e-9  # at every moment, not just on average
+    assert budget.hedges >= 0.1 * 1000 - 1  # and the bound is reachable
+
+
+def test_hedge_budget_saves_up_to_burst_only() -> None:
+    budget = HedgeBudget(0.5, burst=2.0)
+    for _ in range(100):
+        budget.on_request()
+    assert [budget.try_hedge() for _ in range(3)] == [True, True, False]
+
+
+def latency_with(p95s: dict[str, float]) -> ReplicaLatency:
+    lat = ReplicaLatency()
+    for key, value in p95s.items():
+        for _ in range(100):
+            lat.observe_ttft(key, value)
+    return lat
+
+
+def test_fixed_delay_is_used_as_is() -> None:
+    cfg = HedgeConfig(enabled=True, delay_ms=120)
+    assert hedge_delay_s(cfg, ReplicaLatency(), "a", [], 500) == pytest.approx(0.12)
+
+
+def test_disabled_hedge_has_no_delay() -> None:
+    assert hedge_delay_s(HedgeConfig(), latency_with({"a": 50}), "a", ["a"], 500) is None
+
+
+def test_auto_delay_is_the_replica_p95_capped_by_the_budget() -> None:
+    cfg = HedgeConfig(enabled=True)
+    lat = latency_with({"a": 100.0, "b": 110.0, "c": 120.0})
+    delay = hedge_delay_s(cfg, lat, "a", ["a", "b", "c"], 500)
+    assert delay is not None and 0.095 <= delay <= 0.105
+    lat2 = latency_with({"a": 900.0})
+    assert hedge_delay_s(cfg, lat2, "a", ["a"], 500) == pytest.approx(0.5)
+
+
+def test_auto_delay_of_a_slow_replica_is_the_typical_replicas_p95() -> None:
+    cfg = HedgeConfig(enabled=True)
+    lat = latency_with({"slow": 1000.0, "b": 100.0, "c": 100.0, "d": 100.0})
+    delay = hedge_delay_s(cfg, lat, "slow", ["slow", "b", "c", "d"], None)
+    assert delay is not None and delay < 0.11
+
+
+def test_auto_delay_has_a_floor_and_needs_some_basis() -> None:
+    cfg = HedgeConfig(enabled=True, min_delay_ms=20)
+    assert hedge_delay_s(cfg, latency_with({"a": 2.0}), "a", ["a"], 500) == pytest.approx(0.02)
+    assert hedge_delay_s(cfg, ReplicaLatency(), "a", ["a"], None) is None
+
+
+def test_worth_hedging_only_where_a_fresh_attempt_is_faster() -> None:
+    lat = ReplicaLatency()
+    for key in ("b", "c"):
+        for v in range(50, 101):  # 50..100 ms, p50 ~ 75
+            lat.observe_ttft(key, float(v))
+    for _ in range(50):
+        lat.observe_ttft("slow", 400.0)
+    # A healthy replica 95 ms late: the few slower first tokens came a few ms later.
+    assert not worth_hedging(lat, "b", ["b", "c", "slow"], 95.0)
+    # The slow replica 95 ms in: about 300 ms still to wait, a fresh attempt takes ~75.
+    assert worth_hedging(lat, "slow", ["b", "c", "slow"], 95.0)
+    # Later than anything the replica did recently: always worth it.
+    assert worth_hedging(lat, "b", ["b", "c", "slow"], 5000.0)
+
+
+def test_hedge_policy_counts_requests_and_spends_tokens_only_when_worth_it() -> None:
+    lat = ReplicaLatency()
+    for key in ("b", "c"):
+        for v in range(50, 101):
+            lat.observe_ttft(key, float(v))
+    for _ in range(50):
+        lat.observe_ttft("slow", 400.0)
+    policy = HedgePolicy(HedgeConfig(enabled=True, max_fraction=0.5), lat)
+    peers = ["b", "c", "slow"]
+    for _ in range(4):
+        assert policy.delay_s("b", peers, 500.0) is not None
+    assert not policy.allow("b", peers, 95.0)
+    assert policy.allow("slow", peers, 95.0)
+    assert policy.allow("slow", peers, 95.0)
+    assert not policy.allow("slow", peers, 95.0)  # 4 requests x 0.5 = 2 hedges at most
+    assert HedgePolicy(HedgeConfig(), lat).delay_s("b", peers, 500.0) is None

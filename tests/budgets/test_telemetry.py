@@ -1,0 +1,249 @@
+"""Tracing: GenAI span shape, W3C context in and out, content opt-in, OTLP export."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from aiohttp import web
+from multidict import CIMultiDict
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from bench.fake_upstream import site_port
+from policies.budget_config import TelemetryConfig
+from policies.telemetry import NOOP_REQUEST, Telemetry, export_settings
+
+CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+
+
+def traced(record_content: bool = False) -> tuple[Telemetry, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    config = TelemetryConfig(enabled=True, record_content=record_content)
+    return Telemetry.from_config(config, {}, exporter=exporter, batch=False), exporter
+
+
+def by_name(spans: Sequence[ReadableSpan]) -> dict[str, ReadableSpan]:
+    return {s.name: s for s in spans}
+
+
+def run_request(tel: Telemetry, prompt: str = "secret prompt") -> CIMultiDict[str]:
+    """What the orchestrator does for one hedged request; returns the upstream headers."""
+    headers = CIMultiDict({"traceparent": TRACEPARENT, "tracestate": "vendor=1"})
+    body = {"model": "m", "max_tokens": 16, "temperature": 0.2, "stream": True}
+    rs = tel.start_request(operation="chat", request_model="m", headers=headers, body=body)
+    rs.decision({"surface": "voice", "tenant": "team-a", "priority": "interactive", "x": None})
+    with rs.child("gateway.cache.lookup", {"gateway.cache.result": "miss"}):
+        pass
+    with rs.child("gateway.route") as span:
+        span.set_attribute("gateway.route.reason", "prefix")
+    upstream: CIMultiDict[str] = CIMultiDict(headers)
+    first = rs.attempt(
+        base_url="http://10.0.0.1:8000/v1", upstream_model="llama", backend="b", replica="r1"
+    )
+    first.inject(upstream)
+    hedge = rs.attempt(
+        base_url="http://10.0.0.2:8001/v1",
+        upstream_model="llama",
+        backend="b",
+        replica="r2",
+        hedge=True,
+        index=1,
+    )
+    hedge.first_chunk()
+    first.end("cancelled")
+    hedge.end("won", 200)
+    rs.first_token(123.0)
+    rs.budget_breach("ttft", 100.0, 123.0)
+    rs.decision({"hedge.fired": True, "hedge.winner": "hedge", "budget.headroom_ms": -23.0})
+    rs.response(
+        model="llama",
+        input_tokens=5,
+        output_tokens=7,
+        finish_reasons=["stop"],
+        server_url="http://10.0.0.2:8001/v1",
+    )
+    rs.content(f'[{{"role":"user","content":"{prompt}"}}]', '[{"content":"answer"}]')
+    rs.end(200)
+    return upstream
+
+
+def test_request_span_follows_the_genai_conventions() -> None:
+    tel, exporter = traced()
+    run_request(tel)
+    spans = by_name(exporter.get_finished_spans())
+    root = spans["chat m"]
+    assert root.kind is SpanKind.SERVER
+    attrs = dict(root.attributes or {})
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.request.model"] == "m"
+    assert attrs["gen_ai.request.max_tokens"] == 16
+    assert attrs["gen_ai.request.temperature"] == 0.2
+    assert attrs["gen_ai.response.model"] == "llama"
+    assert attrs["gen_ai.usage.input_tokens"] == 5
+    assert attrs["gen_ai.usage.output_tokens"] == 7
+    assert tuple(attrs["gen_ai.response.finish_reasons"]) == ("stop",)  # type: ignore[arg-type]
+    assert (attrs["server.address"], attrs["server.port"]) == ("10.0.0.2", 8001)
+    assert attrs["gateway.surface"] == "voice" and attrs["gateway.hedge.winner"] == "hedge"
+    assert "gateway.x" not in attrs
+    assert [e.name for e in root.events] == ["first_token", "budget_breach"]
+
+
+def test_caller_context_is_continued_and_stages_are_children() -> None:
+    tel, exporter = traced()
+    run_request(tel)
+    spans = by_name(exporter.get_finished_spans())
+    root = spans["chat m"]
+    assert root.parent is not None and format(root.parent.span_id, "016x") == CALLER_SPAN
+    assert format(root.context.trace_id, "032x") == CALLER_TRACE
+    for name in ("gateway.cache.lookup", "gateway.route"):
+        parent = spans[name].parent
+        assert parent is not None and parent.span_id == root.context.span_id
+    attempts = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT]
+    assert len(attempts) == 2  # the hedge is a sibling of the first attempt
+    assert {s.parent.span_id for s in attempts if s.parent} == {root.context.span_id}
+    outcomes = {dict(s.attributes or {})["gateway.attempt.outcome"] for s in attempts}
+    assert outcomes == {"cancelled", "won"}
+
+
+def test_upstream_headers_carry_the_attempt_span() -> None:
+    tel, exporter = traced()
+    upstream = run_request(tel)
+    first = next(
+        s
+        for s in exporter.get_finished_spans()
+        if dict(s.attributes or {}).get("gateway.replica") == "r1"
+    )
+    version, trace_id, span_id, _ = upstream["traceparent"].split("-")
+    assert (version, trace_id) == ("00", CALLER_TRACE)
+    assert span_id == format(first.context.span_id, "016x")
+    assert upstream["tracestate"] == "vendor=1"
+
+
+def test_content_is_never_recorded_unless_opted_in() -> None:
+    tel, exporter = traced(record_content=False)
+    run_request(tel)
+    for span in exporter.get_finished_spans():
+        for value in dict(span.attributes or {}).values():
+            assert "secret prompt" not in str(value)
+    tel2, exporter2 = traced(record_content=True)
+    run_request(tel2)
+    root = by_name(exporter2.get_finished_spans())["chat m"]
+    assert "secret prompt" in str(dict(root.attributes or {})["gen_ai.input.messages"])
+
+
+def test_errors_mark_the_span() -> None:
+    tel, exporter = traced()
+    rs = tel.start_request(operation="text_completion", request_model="m", headers={})
+    attempt = rs.attempt(base_url="http://h:1/v1", upstream_model="m", backend="b", replica="r")
+    attempt.end("connect_error")
+    rs.end(503, "no_healthy_replica")
+    spans = by_name(exporter.get_finished_spans())
+    assert spans["text_completion m"].status.status_code is StatusCode.ERROR
+    assert spans["text_completion m"].parent is None  # no caller context: a new trace
+    assert dict(spans["text_completion m"].attributes or {})["error.type"] == "no_healthy_replica"
+
+
+def test_disabled_telemetry_is_a_shared_no_op() -> None:
+    tel = Telemetry.from_config(TelemetryConfig(enabled=False), {})
+    rs = tel.start_request(operation="chat", request_model="m", headers={})
+    assert rs is NOOP_REQUEST and not rs.recording
+    headers: dict[str, str] = {"traceparent": TRACEPARENT}
+    run_request(tel)  # every helper is callable and does nothing
+    rs.attempt(base_url="http://h:1", upstream_model="m", backend="b", replica="r").inject(headers)
+    assert headers == {"traceparent": TRACEPARENT}  # the caller's context passes untouched
+    assert not Telemetry.from_config(
+        TelemetryConfig(enabled=True), {"OTEL_SDK_DISABLED": "true"}
+    ).enabled
+
+
+def test_export_settings_from_policy_then_environment() -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+        "OTEL_SERVICE_NAME": "gw-from-env",
+    }
+    s = export_settings(TelemetryConfig(enabled=True), env)
+    assert (s.protocol, s.endpoint, s.service_name) == (
+        "http",
+        "http://collector:4318/v1/traces",
+        "gw-from-env",
+    )
+    s = export_settings(TelemetryConfig(enabled=True), {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    assert (s.protocol, s.endpoint) == ("grpc", "http://localhost:4317")
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://x:1/custom"}
+    assert export_settings(TelemetryConfig(enabled=True), env).endpoint == "http://x:1/custom"
+    cfg = TelemetryConfig(
+        enabled=True, endpoint="http://phoenix:6006", protocol="http", service_name="gw"
+    )
+    s = export_settings(cfg, env)
+    assert (s.endpoint, s.service_name) == ("http://phoenix:6006/v1/traces", "gw")
+
+
+def test_grpc_exporter_is_built_for_grpc() -> None:
+    cfg = TelemetryConfig(enabled=True, protocol="grpc", endpoint="http://127.0.0.1:1")
+    tel = Telemetry.from_config(cfg, {})
+    assert tel.provider is not None
+    processors = tel.provider._active_span_processor._span_processors
+    exporter = processors[0]._batch_processor._exporter  # type: ignore[attr-defined]
+    assert type(exporter).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")
+    tel.shutdown()
+
+
+async def test_spans_reach_a_real_otlp_http_receiver() -> None:
+    received: list[ExportTraceServiceRequest] = []
+    got = asyncio.Event()
+
+    async def traces(request: web.Request) -> web.Response:
+        assert request.content_type == "application/x-protobuf"
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(await request.read())
+        received.append(message)
+        got.set()
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", traces)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        cfg = TelemetryConfig(
+            enabled=True, endpoint=f"http://127.0.0.1:{site_port(site)}", service_name="gw-test"
+        )
+        tel = Telemetry.from_config(cfg, {})
+        run_request(tel)
+        # The exporter posts from the SDK's thread; the receiver runs on this loop.
+        assert await asyncio.to_thread(tel.force_flush, 10_000)
+        await asyncio.wait_for(got.wait(), 10)
+        await asyncio.to_thread(tel.shutdown)
+    finally:
+        await runner.cleanup()
+    spans = [
+        span
+        for message in received
+        for resource_spans in message.resource_spans
+        for scope in resource_spans.scope_spans
+        for span in scope.spans
+    ]
+    services = {
+        attr.value.string_value
+        for message in received
+        for resource_spans in message.resource_spans
+        for attr in resource_spans.resource.attributes
+        if attr.key == "service.name"
+    }
+    assert services == {"gw-test"}
+    names = sorted(s.name for s in spans)
+    assert names == sorted(
+        ["chat m", "chat llama", "chat llama", "gateway.cache.lookup", "gateway.route"]
+    )
+    root = next(s for s in spans if s.name == "chat m")
+    assert root.trace_id.hex() == CALLER_TRACE
+    attrs = {a.key: a.value for a in root.attributes}
+    assert attrs["gen_ai.usage.output_tokens"].int_value == 7
+    assert attrs["gen_ai.request.model"].string_value == "m"
