@@ -24,7 +24,9 @@ from gateway.protocol import Endpoint
 from gateway.runtime import Runtime, build_pools
 from gateway.upstream import UpstreamClient
 from policies.loader import PolicyError, load_policy
-from policies.schema import Policy
+from policies.schema import Budget, Policy
+from policies.slo import SloCollector, SloTracker
+from policies.telemetry import Telemetry
 from routing.pool import all_replicas
 
 log = logging.getLogger("llm_gateway")
@@ -39,6 +41,9 @@ class Gateway:
         self.runtime = runtime
         self.policy_path = policy_path
         self.metrics = GatewayMetrics(lambda: all_replicas(list(self.runtime.pools.values())))
+        self.slo = SloTracker(_budgets(runtime.policy))
+        self.metrics.registry.register(SloCollector(lambda: self.slo))
+        self.telemetry = Telemetry.disabled()
         self.session: aiohttp.ClientSession | None = None
         self.orchestrator: Orchestrator | None = None
         self._reload_lock = asyncio.Lock()
@@ -54,12 +59,17 @@ class Gateway:
             assert self.session is not None
             fresh = [p for p in pools.values() if p not in old.pools.values()]
             await asyncio.gather(*(p.start(self.session) for p in fresh))
-            self.runtime = Runtime(policy, str(self.policy_path), pools)
+            self.runtime = Runtime(policy, str(self.policy_path), pools, old.latency)
+            self.slo.configure(_budgets(policy))
             for pool in old.pools.values():
                 if pool not in pools.values():
                     await pool.stop()
             log.info("policy reloaded from %s", self.policy_path)
             return self.runtime
+
+
+def _budgets(policy: Policy) -> dict[str, Budget]:
+    return {name: surface.budget for name, surface in policy.surfaces.items()}
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
@@ -82,6 +92,7 @@ def create_app(
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
     app.router.add_post("/admin/reload", _reload)
+    app.router.add_get("/admin/surfaces", _surfaces)
     return app
 
 
@@ -90,12 +101,19 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
     session = aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=False)
     gateway.session = session
-    gateway.orchestrator = Orchestrator(UpstreamClient(session), gateway.metrics)
+    owns_telemetry = not gateway.telemetry.enabled
+    if owns_telemetry:
+        gateway.telemetry = Telemetry.from_config(gateway.runtime.policy.telemetry)
+    gateway.orchestrator = Orchestrator(
+        UpstreamClient(session), gateway.metrics, gateway.telemetry, gateway.slo
+    )
     pools = list(gateway.runtime.pools.values())
     await asyncio.gather(*(p.start(session) for p in pools))
     yield
     await asyncio.gather(*(p.stop() for p in gateway.runtime.pools.values()))
     await session.close()
+    if owns_telemetry:
+        await asyncio.to_thread(gateway.telemetry.shutdown)
 
 
 # --- middlewares -------------------------------------------------------------------------
@@ -193,10 +211,26 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 
-async def _reload(request: web.Request) -> web.Response:
-    """Reload the policy file (loopback callers only: the admin API is not exposed)."""
+def _loopback_only(request: web.Request) -> None:
     if request.remote not in ("127.0.0.1", "::1"):
         raise NotFound(f"unknown route {request.method} {request.path}")
+
+
+async def _surfaces(request: web.Request) -> web.Response:
+    """Rolling TTFT, inter-token and total percentiles and budget attainment per surface."""
+    _loopback_only(request)
+    gateway = request.app[GATEWAY]
+    queues = {
+        name: pool.admission.snapshot()
+        for name, pool in gateway.runtime.pools.items()
+        if pool.admission is not None
+    }
+    return web.json_response({"surfaces": gateway.slo.view(), "admission": queues})
+
+
+async def _reload(request: web.Request) -> web.Response:
+    """Reload the policy file (loopback callers only: the admin API is not exposed)."""
+    _loopback_only(request)
     gateway = request.app[GATEWAY]
     if gateway.policy_path is None:
         return web.json_response(

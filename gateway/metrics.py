@@ -91,6 +91,18 @@ class GatewayMetrics:
             ["backend", "replica", "outcome"],
             registry=self.registry,
         )
+        self.hedges = Counter(
+            "llm_gateway_hedges",
+            "Hedged requests by which attempt produced the first chunk (primary or hedge)",
+            ["backend", "winner"],
+            registry=self.registry,
+        )
+        self.deadlines = Counter(
+            "llm_gateway_deadline_stops",
+            "Responses ended by the gateway at the surface's total_ms",
+            ["surface"],
+            registry=self.registry,
+        )
         self.registry.register(_ReplicaCollector(replicas))
         self._children: dict[tuple[str, ...], Any] = {}
 
@@ -116,6 +128,9 @@ class GatewayMetrics:
 
     def attempt(self, backend: str, replica: str, outcome: str) -> None:
         self._child(self.attempts, (backend, replica, outcome)).inc()
+
+    def hedge(self, backend: str, winner: str) -> None:
+        self._child(self.hedges, (backend, winner)).inc()
 
     def render(self) -> bytes:
         data: bytes = generate_latest(self.registry)

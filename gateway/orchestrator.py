@@ -1,46 +1,49 @@
 """The request's way through the gateway, in order, in one place.
 
 ``Orchestrator.handle`` is the only function that knows the order of the stages; each stage is
-a plain call with typed inputs and outputs owned by its package. Later stages (cache lookup and
-fill, tier choice, budget enforcement) slot in where the comments say.
+a plain call with typed inputs and outputs owned by its package.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.errors import PayloadTooLarge, Unavailable, UpstreamError, UpstreamTimeout
+from gateway.attempts import Attempt, AttemptOpener, OpenRequest
+from gateway.errors import GatewayError, PayloadTooLarge, Unavailable
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import Endpoint, ParsedRequest, parse_request
-from gateway.relay import RelayResult, relay_body, relay_stream
-from gateway.runtime import Runtime, Target
-from gateway.upstream import FORWARDED_HEADERS, AttemptFailed, UpstreamClient, UpstreamRequest
-from routing.replica import LoadGuard
-from routing.router import RoutingDecision, RoutingRequest
+from gateway.relay import RelayResult, StreamPlan, relay_body, relay_stream
+from gateway.runtime import Runtime, SurfacePlan
+from gateway.upstream import FORWARDED_HEADERS, UpstreamClient
+from policies.admission import AdmissionRejected, Ticket
+from policies.genai_response import ResponseSummary, StreamSummarizer, summarize_body
+from policies.latency import queue_of
+from policies.slo import RequestTiming, SloTracker
+from policies.telemetry import RequestSpan, Telemetry
+from routing.pool import BackendPool
 
 # Keys under which the orchestrator leaves labels for the metrics middleware.
 LABELS_KEY = web.RequestKey("llm_gateway.labels", tuple[str, str, str])
 STATUS_KEY = web.RequestKey("llm_gateway.status", int)
 
-
-@dataclass(slots=True)
-class Attempt:
-    target: Target
-    decision: RoutingDecision
-    routing: RoutingRequest
-    response: aiohttp.ClientResponse
-    guard: LoadGuard
+_OPERATION = {Endpoint.CHAT: "chat", Endpoint.COMPLETIONS: "text_completion"}
 
 
 class Orchestrator:
-    def __init__(self, client: UpstreamClient, metrics: GatewayMetrics) -> None:
-        self.client = client
+    def __init__(
+        self,
+        client: UpstreamClient,
+        metrics: GatewayMetrics,
+        telemetry: Telemetry,
+        slo: SloTracker,
+    ) -> None:
+        self.opener = AttemptOpener(client, metrics)
         self.metrics = metrics
+        self.telemetry = telemetry
+        self.slo = slo
 
     async def handle(
         self, request: web.Request, rt: Runtime, endpoint: Endpoint
@@ -48,110 +51,221 @@ class Orchestrator:
         started = time.perf_counter()
         # 1. who is calling
         tenant = rt.authenticate(request.headers.get("Authorization"))
-        # 2. what they ask for (parsed once, forwarded untouched)
+        # 2. what they ask for (parsed once; the bytes are forwarded untouched)
         parsed = parse_request(endpoint, await read_body(request, rt.max_body_bytes))
         request[LABELS_KEY] = (parsed.model, "", "")
-        # 3. which surface, hence which budget (enforced by the budgets stage, a later issue)
-        rt.surface_for(tenant, request.headers.get(rt.surface_header))
-        # 4. which backends may serve the model: the primary, then its fallbacks
-        targets = rt.targets(parsed.model)
-        # 5. (cache lookup goes here)
-        # 6. choose a replica and open the upstream request, retrying before the first byte
-        attempt = await self.open_upstream(request, rt, parsed, targets, tenant)
-        pool, replica = attempt.target.pool, attempt.decision.replica
-        request[LABELS_KEY] = (parsed.model, pool.name, replica.name)
-        ok = False
-        try:
-            # 7. relay the answer as it arrives
-            response, result = await self.relay(request, parsed, attempt, started)
-            ok = result.status < 400
-            request[STATUS_KEY] = result.status
-            return response
-        finally:
-            attempt.guard.release()
-            pool.router.on_complete(attempt.decision, attempt.routing, ok)
-            # 8. (cache fill, router feedback and span attributes go here)
-
-    async def open_upstream(
-        self,
-        request: web.Request,
-        rt: Runtime,
-        parsed: ParsedRequest,
-        targets: list[Target],
-        tenant: str,
-    ) -> Attempt:
-        headers = _upstream_headers(request)
-        failures: list[AttemptFailed] = []
-        for target in targets:
-            pool = target.pool
-            timeouts = rt.policy.backends[pool.name].timeouts
-            routing = RoutingRequest(model=target.upstream_model, prompt_text="", tenant=tenant)
-            body = parsed.body_for(target.upstream_model)
-            tried: set[str] = set()
-            for _ in range(2):  # one try and one retry on another replica
-                candidates = [r for r in pool.available() if r.base_url not in tried]
-                decision = pool.router.choose(candidates, routing)
-                if decision is None:
-                    break
-                replica = decision.replica
-                tried.add(replica.base_url)
-                guard = LoadGuard(replica)
-                try:
-                    response = await self.client.open(
-                        replica,
-                        UpstreamRequest(
-                            parsed.endpoint.value, body, _with_auth(headers, pool.auth_headers())
-                        ),
-                        timeouts,
-                    )
-                except AttemptFailed as exc:
-                    guard.release()
-                    self.metrics.attempt(pool.name, replica.name, exc.outcome)
-                    replica.record_failure(str(exc))
-                    pool.router.on_complete(decision, routing, False)
-                    if not exc.retryable:
-                        raise UpstreamTimeout(str(exc), code="upstream_timeout") from exc
-                    failures.append(exc)
-                    continue
-                except BaseException:
-                    guard.release()
-                    raise
-                self.metrics.attempt(
-                    pool.name, replica.name, "ok" if response.status < 400 else "http_4xx"
-                )
-                replica.record_success()
-                return Attempt(target, decision, routing, response, guard)
-        if not failures:
-            raise Unavailable(
-                f"no healthy replica can serve model '{parsed.model}'",
-                code="no_healthy_replica",
-                headers={"Retry-After": rt.retry_after},
-            )
-        raise UpstreamError(
-            f"upstream failed after {len(failures)} attempt(s): {failures[-1]}", code="bad_gateway"
+        # 3. which surface, hence which budget, priority and actions
+        plan = rt.surface_for(tenant, request.headers.get(rt.surface_header))
+        span = self.telemetry.start_request(
+            operation=_OPERATION[endpoint],
+            request_model=parsed.model,
+            headers=request.headers,
+            body=parsed.body,
         )
+        span.decision(_plan_attributes(tenant, plan))
+        status = 500
+        try:
+            # 4. which backends may serve the model: the primary, then its fallbacks
+            targets = rt.targets(parsed.model)
+            # 5. (cache lookup goes here)
+            # 6. admission: wait in priority order while the pool is saturated
+            ticket = await self.admit(targets[0].pool, plan, started, span)
+            try:
+                # 7. choose a replica and open the upstream (retries, fallbacks, hedging)
+                open_req = _open_request(request, parsed, tenant, plan, span, started)
+                attempt = await self.opener.open(rt, open_req, targets)
+                request[LABELS_KEY] = (
+                    parsed.model,
+                    attempt.target.pool.name,
+                    attempt.decision.replica.name,
+                )
+                # 8. relay the answer as it arrives
+                response, result = await self.relay(
+                    request, parsed, plan, attempt, span, open_req.deadline
+                )
+            finally:
+                if ticket is not None:
+                    ticket.release()
+            status = result.status
+            request[STATUS_KEY] = status
+            # 9. record: latency per replica, the surface's SLO, the span's outcome
+            self.record(rt, plan, attempt, result, started, span, parsed.model)
+            return response
+        except GatewayError as exc:
+            status = exc.status
+            raise
+        finally:
+            if status >= 500 and status != 499 and not _recorded(request):
+                self.slo.observe(plan.name, RequestTiming(_ms_since(started), ok=False))
+            span.end(status)
+
+    async def admit(
+        self, pool: BackendPool, plan: SurfacePlan, started: float, span: RequestSpan
+    ) -> Ticket | None:
+        if not plan.actions.admission or pool.admission is None:
+            return None
+        budget_ms = plan.budget.ttft_ms or plan.budget.total_ms
+        max_wait = None if budget_ms is None else budget_ms / 1000 - (time.perf_counter() - started)
+        try:
+            ticket = await pool.admission.acquire(plan.priority, max_wait)
+        except AdmissionRejected as exc:
+            span.decision({"admission": exc.reason})
+            raise Unavailable(
+                str(exc), code=exc.reason, headers={"Retry-After": str(exc.retry_after_s)}
+            ) from exc
+        if ticket.waited_s:
+            span.decision({"admission.waited_ms": round(ticket.waited_s * 1000, 2)})
+        return ticket
 
     async def relay(
-        self, request: web.Request, parsed: ParsedRequest, attempt: Attempt, started: float
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        plan: SurfacePlan,
+        attempt: Attempt,
+        span: RequestSpan,
+        deadline: float | None,
     ) -> tuple[web.StreamResponse, RelayResult]:
         pool, replica = attempt.target.pool, attempt.decision.replica
         extra = {
             "x-gateway-replica": f"{pool.name}/{replica.name}",
             "x-gateway-route-reason": attempt.decision.reason,
+            "x-gateway-prefix-match": str(attempt.decision.matched_prefix),
+            "x-gateway-surface": plan.name,
         }
+        if attempt.hedged:
+            extra["x-gateway-hedge"] = attempt.winner
         upstream = attempt.response
-        streaming = parsed.stream and upstream.status == 200
-        if not streaming:
-            return await relay_body(request, upstream, extra)
-        model = parsed.model
-        return await relay_stream(
-            request,
-            upstream,
-            extra,
-            started,
-            self.metrics.ttft_child(model, pool.name, replica.name),
-            self.metrics.itl_child(model, pool.name, replica.name),
+        ok = False
+        response: web.StreamResponse
+        try:
+            if not (parsed.stream and upstream.status == 200):
+                response, result = await relay_body(upstream, extra)
+            else:
+                summarizer = StreamSummarizer() if span.recording else None
+                stream_plan = StreamPlan(
+                    first=attempt.first,
+                    first_at=attempt.first_at,
+                    deadline=deadline,
+                    chat=parsed.endpoint is Endpoint.CHAT,
+                    on_read=summarizer.feed if summarizer is not None else None,
+                    on_gap=self.metrics.itl_child(parsed.model, pool.name, replica.name).observe,
+                )
+                response, result = await relay_stream(request, upstream, extra, stream_plan)
+                if summarizer is not None:
+                    _span_response(span, summarizer.summary, replica.base_url)
+            ok = result.status < 400
+            return response, result
+        finally:
+            attempt.guard.release()
+            attempt.span.end("won" if attempt.hedged and ok else ("ok" if ok else "error"))
+            pool.router.on_complete(attempt.decision, attempt.routing, ok)
+
+    def record(
+        self,
+        rt: Runtime,
+        plan: SurfacePlan,
+        attempt: Attempt,
+        result: RelayResult,
+        started: float,
+        span: RequestSpan,
+        model: str,
+    ) -> None:
+        replica = attempt.decision.replica
+        key = replica.base_url
+        ttft_ms = None
+        if result.first_at is not None:
+            ttft_ms = (result.first_at - started) * 1000
+            pool_name = attempt.target.pool.name
+            self.metrics.ttft_child(model, pool_name, replica.name).observe(ttft_ms / 1000)
+            rt.latency.observe_ttft(
+                key, (result.first_at - attempt.opened_at) * 1000, queue=queue_of(replica)
+            )
+            span.first_token(ttft_ms)
+        itl_ms = result.mean_gap_ms()
+        if itl_ms is not None:
+            rt.latency.observe_itl(key, itl_ms)
+        if result.body is not None:
+            _span_response(span, summarize_body(result.body), key)
+        if result.deadline_hit:
+            self.metrics.deadlines.labels(plan.name).inc()
+        span.decision(
+            {
+                "backend": attempt.target.pool.name,
+                "replica": replica.name,
+                "route.reason": attempt.decision.reason,
+                "route.prefix_match": attempt.decision.matched_prefix,
+                "hedge.fired": attempt.hedged,
+                "hedge.winner": attempt.winner if attempt.hedged else None,
+                "deadline.hit": result.deadline_hit or None,
+            }
         )
+        if 400 <= result.status < 500:
+            return  # the client's error: not the surface's latency
+        timing = RequestTiming(_ms_since(started), ttft_ms, itl_ms, ok=result.status < 500)
+        verdict = self.slo.observe(plan.name, timing)
+        budget = plan.budget
+        if budget.ttft_ms is not None and ttft_ms is not None:
+            span.decision({"budget.ttft_headroom_ms": round(budget.ttft_ms - ttft_ms, 2)})
+            if verdict.ttft:
+                span.budget_breach("ttft", budget.ttft_ms, ttft_ms)
+        if verdict.itl and budget.itl_ms is not None and itl_ms is not None:
+            span.budget_breach("itl", budget.itl_ms, itl_ms)
+        if verdict.total and budget.total_ms is not None:
+            span.budget_breach("total", budget.total_ms, timing.total_ms)
+
+
+def _open_request(
+    request: web.Request,
+    parsed: ParsedRequest,
+    tenant: str,
+    plan: SurfacePlan,
+    span: RequestSpan,
+    started: float,
+) -> OpenRequest:
+    session = request.headers.get("x-session-id") or parsed.body.get("user")
+    total_ms = plan.budget.total_ms
+    deadline = started + total_ms / 1000 if plan.actions.deadline and total_ms else None
+    return OpenRequest(
+        parsed=parsed,
+        tenant=tenant,
+        plan=plan,
+        span=span,
+        started=started,
+        deadline=deadline,
+        headers=_upstream_headers(request),
+        session_key=session if isinstance(session, str) else None,
+    )
+
+
+def _plan_attributes(tenant: str, plan: SurfacePlan) -> dict[str, str | float | None]:
+    return {
+        "tenant": tenant,
+        "surface": plan.name,
+        "priority": plan.priority,
+        "budget.ttft_ms": plan.budget.ttft_ms,
+        "budget.itl_ms": plan.budget.itl_ms,
+        "budget.total_ms": plan.budget.total_ms,
+    }
+
+
+def _span_response(span: RequestSpan, summary: ResponseSummary, server_url: str) -> None:
+    span.response(
+        model=summary.model,
+        response_id=summary.response_id,
+        input_tokens=summary.input_tokens,
+        output_tokens=summary.output_tokens,
+        finish_reasons=summary.finish_reasons,
+        server_url=server_url,
+    )
+
+
+def _recorded(request: web.Request) -> bool:
+    return STATUS_KEY in request
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000
 
 
 def _upstream_headers(request: web.Request) -> CIMultiDict[str]:
@@ -161,14 +275,6 @@ def _upstream_headers(request: web.Request) -> CIMultiDict[str]:
         if value is not None:
             headers[name] = value
     return headers
-
-
-def _with_auth(headers: CIMultiDict[str], auth: dict[str, str]) -> CIMultiDict[str]:
-    if not auth:
-        return headers
-    out = headers.copy()
-    out.update(auth)
-    return out
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

@@ -1,19 +1,23 @@
 """Send the upstream's answer back to the client.
 
 Streams are relayed byte for byte as they arrive (no SSE parsing, no re-encoding); the relay
-only notes when reads arrive (TTFT, inter-token gaps) and whether the stream ended with
+only notes when reads arrive (TTFT, gaps between reads) and whether the stream ended with
 ``data: [DONE]``. An upstream failure after the first byte becomes a final SSE error event.
-A client that goes away cancels the handler (``handler_cancellation``), which closes the
-upstream connection, and vLLM then aborts the request.
+Past the surface's deadline the relay stops the upstream and ends the stream itself with a
+chunk whose ``finish_reason`` is ``length``. A client that goes away cancels the handler
+(``handler_cancellation``); the ``finally`` below then closes the upstream connection, and
+vLLM aborts the request and frees its KV cache.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -34,9 +38,17 @@ _HOP_BY_HOP = {
 
 @dataclass(slots=True)
 class RelayResult:
-    status: int  # what the request ended as (200, the upstream's 4xx, 502 for a broken stream)
-    first_token_at: float | None
-    events: int
+    status: int  # 200, the upstream's 4xx, 502/504 for a broken stream, 499 client gone
+    body: bytes | None = None  # the whole answer of a non-streaming request
+    first_at: float | None = None  # perf_counter of the first streamed bytes
+    last_at: float | None = None
+    reads: int = 0
+    deadline_hit: bool = False
+
+    def mean_gap_ms(self) -> float | None:
+        if self.first_at is None or self.last_at is None or self.reads < 2:
+            return None
+        return (self.last_at - self.first_at) * 1000 / (self.reads - 1)
 
 
 def response_headers(upstream: aiohttp.ClientResponse, extra: dict[str, str]) -> dict[str, str]:
@@ -48,7 +60,7 @@ def response_headers(upstream: aiohttp.ClientResponse, extra: dict[str, str]) ->
 
 
 async def relay_body(
-    request: web.Request, upstream: aiohttp.ClientResponse, extra: dict[str, str]
+    upstream: aiohttp.ClientResponse, extra: dict[str, str]
 ) -> tuple[web.Response, RelayResult]:
     """A non-streaming answer (or an upstream 4xx): read it whole, pass it on unchanged."""
     try:
@@ -58,55 +70,75 @@ async def relay_body(
     resp = web.Response(
         status=upstream.status, body=body, headers=response_headers(upstream, extra)
     )
-    return resp, RelayResult(upstream.status, None, 0)
+    return resp, RelayResult(upstream.status, body=body)
+
+
+@dataclass(slots=True)
+class StreamPlan:
+    """How to relay one stream: bytes already read, the deadline, and who watches the reads."""
+
+    first: bytes = b""
+    first_at: float | None = None
+    deadline: float | None = None  # perf_counter past which the gateway ends the stream
+    chat: bool = True
+    on_read: Callable[[bytes], None] | None = None  # e.g. the span's stream summarizer
+    on_gap: Callable[[float], None] | None = None  # seconds between consecutive reads
 
 
 async def relay_stream(
-    request: web.Request,
-    upstream: aiohttp.ClientResponse,
-    extra: dict[str, str],
-    started: float,
-    ttft: Any,
-    itl: Any,
+    request: web.Request, upstream: aiohttp.ClientResponse, extra: dict[str, str], plan: StreamPlan
 ) -> tuple[web.StreamResponse, RelayResult]:
     headers = response_headers(upstream, extra)
     headers["Cache-Control"] = "no-cache"
     resp = web.StreamResponse(status=upstream.status, headers=headers)
     await resp.prepare(request)
-    first_at: float | None = None
-    last = 0.0
-    events = 0
+    result = RelayResult(upstream.status)
     tail = b""
-    status = upstream.status
     finished = False
+
+    async def write(data: bytes, at: float) -> None:
+        nonlocal tail
+        if result.first_at is None:
+            result.first_at = at
+        elif plan.on_gap is not None and result.last_at is not None:
+            plan.on_gap(at - result.last_at)
+        result.last_at = at
+        result.reads += 1
+        if plan.on_read is not None:
+            plan.on_read(data)
+        await resp.write(data)
+        tail = (tail + data)[-32:]
+
     try:
-        async for data in upstream.content.iter_any():
-            now = time.perf_counter()
-            if first_at is None:
-                first_at = now
-                ttft.observe(now - started)
-            else:
-                itl.observe(now - last)
-            last = now
-            events += data.count(b"\n\n")
-            await resp.write(data)
-            tail = (tail + data)[-32:]
+        if plan.first:
+            await write(plan.first, plan.first_at or time.perf_counter())
+        remaining = None if plan.deadline is None else plan.deadline - time.perf_counter()
+        try:
+            async with asyncio.timeout(remaining):
+                async for data in upstream.content.iter_any():
+                    await write(data, time.perf_counter())
+        except TimeoutError:
+            if plan.deadline is None or time.perf_counter() < plan.deadline:
+                raise  # the upstream went silent (idle_s), not our deadline
+            result.deadline_hit = True
+            await _write_stop(resp, plan.chat)
+            return resp, result
         finished = True
         if _DONE not in tail:
-            status = 502
+            result.status = 502
             await _write_error(resp, "the upstream stream ended before [DONE]")
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-        status = 502
+        result.status = 502
         await _write_error(resp, "the upstream connection broke during the stream")
     except TimeoutError:
-        status = 504
+        result.status = 504
         await _write_error(resp, "the upstream stopped sending", "timeout_error", 504)
     except ConnectionResetError:
-        # The client went away mid-write; the finally below closes the upstream connection.
-        return resp, RelayResult(499, first_at, events)
+        result.status = 499  # the client went away mid-write
+        return resp, result
     finally:
-        # Anything but a clean end (an error, the client leaving, a cancelled handler) closes
-        # the upstream connection, and vLLM aborts the request and frees its KV cache.
+        # Anything but a clean end (an error, the deadline, the client leaving, a cancelled
+        # handler) closes the upstream connection, so the replica aborts the request.
         if finished:
             upstream.release()
         else:
@@ -114,8 +146,8 @@ async def relay_stream(
     try:
         await resp.write_eof()
     except ConnectionResetError:
-        status = 499
-    return resp, RelayResult(status, first_at, events)
+        result.status = 499
+    return resp, result
 
 
 async def _write_error(
@@ -124,3 +156,22 @@ async def _write_error(
     log.warning("stream ended with an error: %s", message)
     with contextlib.suppress(ConnectionResetError):
         await resp.write(b"data: " + error_bytes(message, type_, code) + b"\n\n")
+
+
+async def _write_stop(resp: web.StreamResponse, chat: bool) -> None:
+    """End a stream at the deadline the way a model that hit max_tokens would."""
+    if chat:
+        choice: dict[str, object] = {"index": 0, "delta": {}, "finish_reason": "length"}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": "", "finish_reason": "length"}
+        obj = "text_completion"
+    chunk = {
+        "id": "gateway-deadline",
+        "object": obj,
+        "created": int(time.time()),
+        "choices": [choice],
+    }
+    with contextlib.suppress(ConnectionResetError):
+        await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n" + _DONE + b"\n\n")
+        await resp.write_eof()

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.errors import NotFound, Unauthorized
-from policies.schema import OpenAIBackend, Policy, Surface, VllmBackend
+from policies.admission import AdmissionQueue
+from policies.budget_config import Priority, SurfaceActions
+from policies.hedging import HedgePolicy
+from policies.latency import ReplicaLatency
+from policies.schema import Budget, OpenAIBackend, Policy, Surface, VllmBackend
 from routing.factory import build_router
+from routing.least_loaded import LeastLoadedRouter, RoundRobinRouter
 from routing.pool import BackendPool, PoolSettings
+from routing.replica import Replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +31,20 @@ class Target:
 
 
 @dataclass(frozen=True, slots=True)
-class SurfaceChoice:
+class SurfacePlan:
+    """What a surface asks of a request: its budget, its priority and the actions to take."""
+
     name: str
-    surface: Surface | None
+    budget: Budget
+    priority: Priority
+    actions: SurfaceActions
+    hedge: HedgePolicy | None  # None when hedging is off for the surface
+
+    @classmethod
+    def build(cls, name: str, surface: Surface, latency: ReplicaLatency) -> SurfacePlan:
+        hedge = surface.actions.hedge
+        policy = HedgePolicy(hedge, latency) if hedge.enabled else None
+        return cls(name, surface.budget, surface.priority, surface.actions, policy)
 
 
 def key_digest(key: str) -> str:
@@ -35,8 +52,15 @@ def key_digest(key: str) -> str:
 
 
 class Runtime:
-    def __init__(self, policy: Policy, source: str, pools: Mapping[str, BackendPool]) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        source: str,
+        pools: Mapping[str, BackendPool],
+        latency: ReplicaLatency | None = None,
+    ) -> None:
         self.policy = policy
+        self.latency = latency if latency is not None else ReplicaLatency()
         self.source = source
         self.pools = dict(pools)
         self.max_body_bytes = policy.server.max_body_bytes
@@ -48,10 +72,10 @@ class Runtime:
                 self._tenants_by_digest[key_digest(key)] = name
             for digest in tenant.api_key_sha256:
                 self._tenants_by_digest[digest] = name
-        self._surface_by_header: dict[str, SurfaceChoice] = {}
-        self._surface_by_tenant: dict[str, SurfaceChoice] = {}
+        self._surface_by_header: dict[str, SurfacePlan] = {}
+        self._surface_by_tenant: dict[str, SurfacePlan] = {}
         for sname, surface in policy.surfaces.items():
-            choice = SurfaceChoice(sname, surface)
+            choice = SurfacePlan.build(sname, surface, self.latency)
             if surface.match.header is not None:
                 self._surface_by_header[surface.match.header] = choice
             for tenant_name in surface.match.tenants:
@@ -74,7 +98,7 @@ class Runtime:
         return tenant
 
     # --- which surface -------------------------------------------------------------------
-    def surface_for(self, tenant: str, header_value: str | None) -> SurfaceChoice:
+    def surface_for(self, tenant: str, header_value: str | None) -> SurfacePlan:
         if header_value is not None:
             choice = self._surface_by_header.get(header_value)
             if choice is not None:
@@ -107,7 +131,7 @@ class Runtime:
         return [name for name, pool in self.pools.items() if not pool.has_healthy()]
 
 
-_DEFAULT_SURFACE = SurfaceChoice("default", None)
+_DEFAULT_SURFACE = SurfacePlan("default", Budget(), "standard", SurfaceActions(), None)
 
 
 def _default_upstream(alias: str, pool: BackendPool) -> str:
@@ -115,6 +139,10 @@ def _default_upstream(alias: str, pool: BackendPool) -> str:
     if pool.models and alias not in pool.models:
         return pool.models[0]
     return alias
+
+
+def _replicas_of(pool: BackendPool) -> Callable[[], Sequence[Replica]]:
+    return lambda: pool.replicas
 
 
 def pool_settings(name: str, backend: VllmBackend | OpenAIBackend) -> PoolSettings:
@@ -150,7 +178,17 @@ def build_pools(
         old = previous.get(name)
         routing = backend.routing if isinstance(backend, VllmBackend) else None
         if old is not None and old.settings == settings and old.routing_config == routing:
+            if old.admission is not None:
+                old.admission.settings = policy.admission
             pools[name] = old
             continue
-        pools[name] = BackendPool(settings, build_router(routing), routing_config=routing)
+        router = build_router(routing)
+        pool = BackendPool(
+            settings,
+            router,
+            routing_config=routing,
+            needs_prompt_text=not isinstance(router, LeastLoadedRouter | RoundRobinRouter),
+        )
+        pool.admission = AdmissionQueue(policy.admission, _replicas_of(pool))
+        pools[name] = pool
     return pools

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from policies.budget_config import action_errors
 from policies.schema import OpenAIBackend, Policy
 from policies.yamlsource import KeyPath, SourceDoc, parse_yaml
 
@@ -159,6 +160,8 @@ def cross_check(
                 )
             headers[header] = name
         budget = surface.budget
+        for message in action_errors(surface.actions, budget):
+            problems.append(((*base, "actions"), message))
         if budget.total_ms is not None:
             if budget.ttft_ms is not None and budget.ttft_ms > budget.total_ms:
                 problems.append(

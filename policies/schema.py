@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from policies.budget_config import AdmissionConfig, Priority, SurfaceActions, TelemetryConfig
 from routing.config import LeastLoadedRouting, RoutingConfig
 
 
@@ -151,6 +152,8 @@ class SurfaceMatch(Strict):
 class Surface(Strict):
     match: SurfaceMatch = SurfaceMatch()
     budget: Budget = Budget()
+    priority: Priority = "standard"
+    actions: SurfaceActions = SurfaceActions()
 
 
 class ServerConfig(Strict):
@@ -166,3 +169,5 @@ class Policy(Strict):
     models: dict[str, ModelRoute] = {}
     tenants: dict[str, Tenant] = {}
     surfaces: dict[str, Surface] = {}
+    admission: AdmissionConfig = AdmissionConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()

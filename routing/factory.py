@@ -84,6 +84,8 @@ def _precise(config: PrecisePrefixRouting, tokenizer: Tokenizer | None) -> Preci
         balance=balance_settings(config),
         min_match=config.min_match,
         replay_timeout_s=ev.replay_timeout_s,
+        work_half_life_s=config.work_half_life_s,
+        load_smoothing_s=config.load_smoothing_s,
     )
 
 
@@ -101,6 +103,8 @@ def build_router(config: RoutingConfig | None, *, tokenizer: Tokenizer | None = 
             balance=balance_settings(config),
             min_match=config.min_match,
             learn_capacity=config.learn_capacity,
+            work_half_life_s=config.work_half_life_s,
+            load_smoothing_s=config.load_smoothing_s,
         )
     if isinstance(config, PrecisePrefixRouting):
         return _precise(config, tokenizer)

@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from policies.admission import AdmissionQueue
+from routing.config import RoutingConfig
+from routing.factory import BackgroundRouter, MetricsObserver
+from routing.metrics_scrape import MetricsListener, MetricsScraper
 from routing.replica import Replica
 from routing.router import Router
 
@@ -42,9 +46,12 @@ class BackendPool:
     router: Router
     replicas: list[Replica] = field(default_factory=list)
     models: tuple[str, ...] = ()  # discovered, in the order the upstream listed them
-    routing_config: object | None = None  # what the router was built from (reload reuse)
+    routing_config: RoutingConfig | None = None  # what the router was built from
+    needs_prompt_text: bool = True  # False for routers that never look at the prompt
+    admission: AdmissionQueue | None = None  # the gateway's priority queue in front of the pool
     _task: asyncio.Task[None] | None = None
     _session: aiohttp.ClientSession | None = None
+    _scraper: MetricsScraper | None = None
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -77,6 +84,24 @@ class BackendPool:
         self._session = session
         await self.refresh()
         self._task = asyncio.create_task(self._loop(), name=f"pool-{self.name}")
+        cfg = self.routing_config
+        if cfg is not None and cfg.scrape_interval_s > 0 and self.settings.kind == "vllm":
+            listeners: list[MetricsListener] = []
+            if isinstance(self.router, MetricsObserver):
+                listeners.append(self.router.observe_metrics)
+            if self.admission is not None:
+                queue = self.admission
+                listeners.append(lambda _replica, _sample: queue.recheck())
+            self._scraper = MetricsScraper(
+                lambda: self.replicas,
+                cfg.scrape_interval_s,
+                cfg.scrape_timeout_s,
+                listeners,
+                session,
+            )
+            await self._scraper.start()
+        if isinstance(self.router, BackgroundRouter):
+            await self.router.start(self.replicas)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -84,6 +109,11 @@ class BackendPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._scraper is not None:
+            await self._scraper.stop()
+            self._scraper = None
+        if isinstance(self.router, BackgroundRouter):
+            await self.router.stop()
 
     async def refresh(self) -> None:
         if self.settings.active_health:

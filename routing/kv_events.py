@@ -1,0 +1,363 @@
+"""vLLM KV-cache events: the wire format, and one subscriber task per replica.
+
+What vLLM (0.32, `--kv-events-config` with the zmq publisher) sends, as measured here
+(../shared/VLLM-CPU.md): a PUB socket emits three-frame messages ``[topic, seq, payload]``:
+``seq`` is an 8-byte big-endian sequence number counted from 0 at engine start, ``payload`` a
+msgpack array ``[timestamp, events, data_parallel_rank]``. Each event is a map with a ``"type"``
+key (0.32) or, in older releases, a positional array whose first item is the type name
+(msgspec's ``array_like`` tagged structs): ``["BlockStored", block_hashes, parent_block_hash,
+token_ids, block_size, lora_id, medium?...]``, ``["BlockRemoved", block_hashes, medium?]``,
+``["AllBlocksCleared"]``. Both forms are accepted; unknown event types are skipped.
+
+Missed batches: a ROUTER socket on the replay endpoint answers ``[b"", start_seq]`` (8 bytes)
+with ``[b"", topic, seq, payload]`` for each batch it still buffers from ``start_seq`` on, then
+an end marker whose seq is -1. The subscriber detects a gap (seq jumps past last + 1), replays
+the missing range over a DEALER socket, then applies the live batch. A sequence number that goes
+backwards means the engine restarted: its cache is empty, so the replica's state is cleared.
+A first batch with seq > 0 (the gateway started after the engine) triggers a replay from 0 to
+learn what the replay buffer (vLLM's ``buffer_steps``) still holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import msgpack  # type: ignore[import-untyped]
+import zmq
+import zmq.asyncio
+
+from routing.replica import Replica
+
+log = logging.getLogger(__name__)
+
+BlockHash = int | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    block_hashes: tuple[BlockHash, ...]
+    parent_block_hash: BlockHash | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    block_hashes: tuple[BlockHash, ...]
+    medium: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    medium: str | None = None
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    ts: float
+    events: tuple[KVEvent, ...]
+    dp_rank: int | None = None
+
+
+class KVEventFormatError(ValueError):
+    """A frame or payload that is not vLLM's KV-event format."""
+
+
+def _hash(value: Any) -> BlockHash:
+    if isinstance(value, bool) or not isinstance(value, int | bytes):
+        raise KVEventFormatError(f"block hash must be int or bytes, got {type(value).__name__}")
+    return value
+
+
+def _hashes(value: Any) -> tuple[BlockHash, ...]:
+    if not isinstance(value, list | tuple):
+        raise KVEventFormatError("block_hashes must be an array")
+    return tuple(_hash(v) for v in value)
+
+
+def _opt_str(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else None
+
+
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_event(raw: Any) -> KVEvent | None:
+    """One event in the map form (0.32) or the positional-array form; None if unknown."""
+    if isinstance(raw, dict):
+        kind = _opt_str(raw.get("type"))
+        fields = raw
+        if kind == "BlockStored":
+            token_ids = fields.get("token_ids") or []
+            return BlockStored(
+                block_hashes=_hashes(fields.get("block_hashes", [])),
+                parent_block_hash=(
+                    None
+                    if fields.get("parent_block_hash") is None
+                    else _hash(fields["parent_block_hash"])
+                ),
+                token_ids=tuple(int(t) for t in token_ids),
+                block_size=int(fields.get("block_size", 0)),
+                lora_id=_opt_int(fields.get("lora_id")),
+                medium=_opt_str(fields.get("medium")),
+            )
+        if kind == "BlockRemoved":
+            return BlockRemoved(
+                _hashes(fields.get("block_hashes", [])), _opt_str(fields.get("medium"))
+            )
+        if kind == "AllBlocksCleared":
+            return AllBlocksCleared(_opt_str(fields.get("medium")))
+        return None
+    if isinstance(raw, list | tuple) and raw:
+        kind = _opt_str(raw[0])
+        rest = list(raw[1:])
+        if kind == "BlockStored":
+            if len(rest) < 4:
+                raise KVEventFormatError("BlockStored array needs at least 4 fields")
+            return BlockStored(
+                block_hashes=_hashes(rest[0]),
+                parent_block_hash=None if rest[1] is None else _hash(rest[1]),
+                token_ids=tuple(int(t) for t in rest[2]),
+                block_size=int(rest[3]),
+                lora_id=_opt_int(rest[4]) if len(rest) > 4 else None,
+                medium=_opt_str(rest[5]) if len(rest) > 5 else None,
+            )
+        if kind == "BlockRemoved":
+            if not rest:
+                raise KVEventFormatError("BlockRemoved array needs block_hashes")
+            return BlockRemoved(_hashes(rest[0]), _opt_str(rest[1]) if len(rest) > 1 else None)
+        if kind == "AllBlocksCleared":
+            return AllBlocksCleared(_opt_str(rest[0]) if rest else None)
+        return None
+    raise KVEventFormatError(f"event must be a map or an array, got {type(raw).__name__}")
+
+
+def decode_batch(payload: bytes) -> EventBatch:
+    try:
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise KVEventFormatError(f"payload is not msgpack: {exc}") from exc
+    if not isinstance(raw, list | tuple) or len(raw) < 2 or not isinstance(raw[1], list | tuple):
+        raise KVEventFormatError("payload must be [timestamp, events, dp_rank]")
+    events = tuple(e for e in (parse_event(r) for r in raw[1]) if e is not None)
+    dp_rank = _opt_int(raw[2]) if len(raw) > 2 else None
+    return EventBatch(ts=float(raw[0]), events=events, dp_rank=dp_rank)
+
+
+def decode_seq(frame: bytes) -> int:
+    if len(frame) != 8:
+        raise KVEventFormatError(f"sequence frame must be 8 bytes, got {len(frame)}")
+    return int.from_bytes(frame, "big", signed=True)
+
+
+class KVEventSink(Protocol):
+    """Where a subscriber delivers a replica's events (routing.kv_index.KVBlockIndex)."""
+
+    def apply(self, replica_name: str, batch: EventBatch) -> None: ...
+
+    def reset(self, replica_name: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class KVEventSource:
+    replica_name: str  # Replica.name: host:port of its HTTP URL
+    endpoint: str  # e.g. tcp://10.0.0.5:5557
+    replay_endpoint: str | None = None  # e.g. tcp://10.0.0.5:5558
+    topic: str = "kv"
+
+
+@dataclass(slots=True)
+class SubscriberStats:
+    batches: int = 0
+    events: int = 0
+    gaps: int = 0
+    replayed: int = 0
+    lost: int = 0  # batches a gap skipped that the replay buffer no longer had
+    restarts: int = 0
+    errors: int = 0
+    last_seq: int | None = None
+
+
+class KVEventSubscriber:
+    """Follows one replica's KV events into a sink, replaying gaps."""
+
+    def __init__(
+        self,
+        source: KVEventSource,
+        sink: KVEventSink,
+        context: zmq.asyncio.Context,
+        replay_timeout_s: float = 1.0,
+    ) -> None:
+        self.source = source
+        self.sink = sink
+        self.stats = SubscriberStats()
+        self._ctx = context
+        self._replay_timeout_s = replay_timeout_s
+        self._sub: zmq.asyncio.Socket | None = None
+        self.connected = asyncio.Event()
+
+    async def run(self) -> None:
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
+        sub.connect(self.source.endpoint)
+        self._sub = sub
+        self.connected.set()
+        try:
+            while True:
+                frames = await sub.recv_multipart()
+                try:
+                    await self._on_message(frames)
+                except KVEventFormatError as exc:
+                    self.stats.errors += 1
+                    log.warning("kv events from %s: %s", self.source.replica_name, exc)
+        finally:
+            sub.close(linger=0)
+            self._sub = None
+
+    async def _on_message(self, frames: Sequence[bytes]) -> None:
+        if len(frames) != 3:
+            raise KVEventFormatError(f"expected 3 frames, got {len(frames)}")
+        seq = decode_seq(frames[1])
+        last = self.stats.last_seq
+        if last is not None and seq <= last:
+            # Sequence numbers restart with the engine, and so does its cache.
+            self.stats.restarts += 1
+            self.sink.reset(self.source.replica_name)
+            last = None
+        expected = 0 if last is None else last + 1
+        if seq > expected:
+            self.stats.gaps += 1
+            await self._replay(expected, seq)
+        self._apply(seq, decode_batch(frames[2]))
+
+    def _apply(self, seq: int, batch: EventBatch) -> None:
+        self.sink.apply(self.source.replica_name, batch)
+        self.stats.batches += 1
+        self.stats.events += len(batch.events)
+        self.stats.last_seq = seq
+
+    async def _replay(self, start: int, stop: int) -> None:
+        """Apply buffered batches ``start <= seq < stop`` from the replay endpoint."""
+        got = 0
+        if self.source.replay_endpoint is not None:
+            got = await self._fetch_replay(start, stop)
+        self.stats.replayed += got
+        self.stats.lost += stop - start - got
+
+    async def _fetch_replay(self, start: int, stop: int) -> int:
+        assert self.source.replay_endpoint is not None
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        got = 0
+        try:
+            dealer.connect(self.source.replay_endpoint)
+            await dealer.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
+            while True:
+                if not await dealer.poll(int(self._replay_timeout_s * 1000)):
+                    log.warning("kv replay from %s timed out", self.source.replica_name)
+                    break
+                frames = await dealer.recv_multipart()
+                if len(frames) < 3:
+                    break
+                seq = decode_seq(frames[2] if len(frames) >= 4 else frames[1])
+                if seq < 0:
+                    break
+                if start <= seq < stop and len(frames) >= 4:
+                    self._apply(seq, decode_batch(frames[3]))
+                    got += 1
+        finally:
+            dealer.close(linger=0)
+        return got
+
+
+class KVEventHub:
+    """Owns the subscriber tasks of one pool; ``start``/``stop`` fit aiohttp's cleanup_ctx."""
+
+    def __init__(self, sink: KVEventSink, replay_timeout_s: float = 1.0) -> None:
+        self.sink = sink
+        self.subscribers: dict[str, KVEventSubscriber] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._replay_timeout_s = replay_timeout_s
+
+    async def start(self, sources: Iterable[KVEventSource]) -> None:
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
+        for source in sources:
+            if source.replica_name in self._tasks:
+                continue
+            sub = KVEventSubscriber(source, self.sink, self._ctx, self._replay_timeout_s)
+            self.subscribers[source.replica_name] = sub
+            self._tasks[source.replica_name] = asyncio.create_task(
+                self._supervise(sub), name=f"kv-events:{source.replica_name}"
+            )
+        for sub in self.subscribers.values():
+            await sub.connected.wait()
+
+    async def _supervise(self, sub: KVEventSubscriber) -> None:
+        while True:
+            try:
+                await sub.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a broken socket must not end routing: restart it
+                sub.stats.errors += 1
+                log.exception("kv event subscriber for %s failed", sub.source.replica_name)
+                await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        self.subscribers.clear()
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    async def __aenter__(self) -> KVEventHub:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+
+def event_sources(
+    replicas: Iterable[Replica],
+    *,
+    port: int = 5557,
+    replay_port: int | None = 5558,
+    topic: str = "kv",
+    endpoints: Mapping[str, tuple[str, str | None]] | None = None,
+) -> list[KVEventSource]:
+    """One source per replica: ``endpoints[name or base_url]`` if given, else its host:port."""
+    out: list[KVEventSource] = []
+    for r in replicas:
+        explicit = (endpoints or {}).get(r.name) or (endpoints or {}).get(r.base_url)
+        if explicit is not None:
+            out.append(KVEventSource(r.name, explicit[0], explicit[1], topic))
+            continue
+        host = urlsplit(r.base_url).hostname or "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        replay = f"tcp://{host}:{replay_port}" if replay_port is not None else None
+        out.append(KVEventSource(r.name, f"tcp://{host}:{port}", replay, topic))
+    return out
