@@ -22,10 +22,29 @@ pytestmark = pytest.mark.vllm
 
 TENANTS = 7
 ROUNDS = 3
-WORDS = (
-    "replica cache prefix tenant policy budget stream token latency gateway router "
-    "schedule batch decode prefill block memory queue metric health window"
-).split()
+WORDS = [
+    "replica",
+    "cache",
+    "prefix",
+    "tenant",
+    "policy",
+    "budget",
+    "stream",
+    "token",
+    "latency",
+    "gateway",
+    "router",
+    "schedule",
+    "batch",
+    "decode",
+    "prefill",
+    "block",
+    "memory",
+    "queue",
+    "metric",
+    "health",
+    "window",
+]
 
 
 def system_prompt(arm: str, tenant: int) -> str:
@@ -46,12 +65,16 @@ async def totals(pool: LocalVllmPool) -> dict[str, float]:
             async with s.get(url.removesuffix("/v1") + "/metrics") as r:
                 text = await r.text()
             for name in names:
-                for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M):
+                for m in re.finditer(
+                    rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M
+                ):
                     out[name] += float(m.group(1))
     return out
 
 
-async def run_arm(pool: LocalVllmPool, make_gateway: GatewayFactory, strategy: str) -> dict[str, Any]:
+async def run_arm(
+    pool: LocalVllmPool, make_gateway: GatewayFactory, strategy: str
+) -> dict[str, Any]:
     replicas = ", ".join(f'"{u}"' for u in pool.replicas)
     gw = await make_gateway(f"""
 backends:
