@@ -77,9 +77,15 @@ REQUEST_ID = web.RequestKey("llm_gateway.request_id", str)
 
 
 def create_app(
-    policy: Policy, source: str = "<policy>", policy_path: Path | None = None
+    policy: Policy,
+    source: str = "<policy>",
+    policy_path: Path | None = None,
+    telemetry: Telemetry | None = None,
 ) -> web.Application:
+    """``telemetry`` replaces the one built from the policy (tests pass an in-memory exporter)."""
     gateway = Gateway(Runtime(policy, source, build_pools(policy)), policy_path)
+    if telemetry is not None:
+        gateway.telemetry = telemetry
     app = web.Application(
         middlewares=[_context_middleware, _error_middleware], client_max_size=64 * 1024 * 1024
     )

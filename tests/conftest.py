@@ -13,6 +13,7 @@ from aiohttp import web
 from bench.fake_upstream import FakeSettings, FakeUpstream, site_port, start_fake
 from gateway.app import GATEWAY, Gateway, create_app
 from policies.loader import parse_policy
+from policies.telemetry import Telemetry
 
 
 @dataclass
@@ -60,8 +61,10 @@ async def make_gateway(tmp_path: object) -> AsyncIterator[GatewayFactory]:
     runners: list[web.AppRunner] = []
     clients: list[openai.AsyncOpenAI] = []
 
-    async def make(policy_yaml: str, api_key: str = "unused") -> RunningGateway:
-        app = create_app(parse_policy(policy_yaml, "test-policy.yaml"))
+    async def make(
+        policy_yaml: str, api_key: str = "unused", telemetry: Telemetry | None = None
+    ) -> RunningGateway:
+        app = create_app(parse_policy(policy_yaml, "test-policy.yaml"), telemetry=telemetry)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
