@@ -22,6 +22,7 @@ from routing.factory import build_router
 from routing.least_loaded import LeastLoadedRouter, RoundRobinRouter
 from routing.pool import BackendPool, PoolSettings
 from routing.replica import Replica
+from routing.tier_config import TieredModelConfig, TierTarget
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,8 @@ class Runtime:
     def targets(self, alias: str) -> list[Target]:
         """The primary target and its fallbacks, in the order they are tried."""
         route = self.policy.models.get(alias)
+        if isinstance(route, TieredModelConfig):
+            return self.tier_targets(alias, route.small)
         if route is not None:
             primary = self.pools[route.backend]
             targets = [Target(primary, route.model or _default_upstream(alias, primary))]
@@ -120,6 +123,14 @@ class Runtime:
             if alias in pool.models:
                 return [Target(pool, alias)]
         raise NotFound(f"The model '{alias}' does not exist", code="model_not_found")
+
+    def tiered(self, alias: str) -> TieredModelConfig | None:
+        entry = self.policy.models.get(alias)
+        return entry if isinstance(entry, TieredModelConfig) else None
+
+    def tier_targets(self, alias: str, tier: TierTarget) -> list[Target]:
+        pool = self.pools[tier.backend]
+        return [Target(pool, tier.model or _default_upstream(alias, pool))]
 
     def model_names(self) -> list[str]:
         names = list(self.policy.models)

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from policies.budget_config import action_errors
 from policies.schema import OpenAIBackend, Policy
 from policies.yamlsource import KeyPath, SourceDoc, parse_yaml
+from routing.tier_config import TieredModelConfig
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,10 @@ def _data_path(data: Any, loc: tuple[int | str, ...]) -> KeyPath:
         elif isinstance(node, list) and isinstance(part, int) and part < len(node):
             node = node[part]
             path.append(part)
-        elif isinstance(node, dict) and part in {v for v in node.values() if isinstance(v, str)}:
-            continue  # a union tag (kind: vllm, strategy: prefix) that pydantic puts in loc
+        elif isinstance(node, dict) and (
+            part in {v for v in node.values() if isinstance(v, str)} or part in ("route", "tiered")
+        ):
+            continue  # a union tag (kind: vllm, strategy: prefix, route) that pydantic puts in loc
         else:
             path.append(part)  # a missing or unknown key: name it
             node = None
@@ -115,7 +118,15 @@ def cross_check(
     """Rules that span sections; each returns the key path it is about."""
     problems: list[tuple[KeyPath, str]] = []
     backends = policy.backends
-    for alias, route in policy.models.items():
+    for alias, entry in policy.models.items():
+        if isinstance(entry, TieredModelConfig):
+            for i, tier in enumerate(entry.tiers):
+                if tier.backend not in backends:
+                    problems.append(
+                        (("models", alias, "tiers", i), f"no backend named {tier.backend!r}")
+                    )
+            continue
+        route = entry
         if route.backend not in backends:
             problems.append((("models", alias, "backend"), f"no backend named {route.backend!r}"))
         for i, target in enumerate(route.fallbacks):

@@ -10,10 +10,19 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from policies.budget_config import AdmissionConfig, Priority, SurfaceActions, TelemetryConfig
 from routing.config import LeastLoadedRouting, RoutingConfig
+from routing.tier_config import TieredModelConfig
 
 
 class Strict(BaseModel):
@@ -106,6 +115,20 @@ class ModelRoute(Strict):
     fallbacks: list[Target] = []
 
 
+def _model_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "tiered" if "tiers" in value else "route"
+    return "tiered" if isinstance(value, TieredModelConfig) else "route"
+
+
+# A model alias either names a backend (with fallbacks) or is tiered (small/large, routed by
+# difficulty or cascaded): see routing/tier_config.py.
+ModelEntry = Annotated[
+    Annotated[ModelRoute, Tag("route")] | Annotated[TieredModelConfig, Tag("tiered")],
+    Discriminator(_model_kind),
+]
+
+
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -166,7 +189,7 @@ class Policy(Strict):
     version: Literal[1] = 1
     server: ServerConfig = ServerConfig()
     backends: dict[str, Backend] = Field(min_length=1)
-    models: dict[str, ModelRoute] = {}
+    models: dict[str, ModelEntry] = {}
     tenants: dict[str, Tenant] = {}
     surfaces: dict[str, Surface] = {}
     admission: AdmissionConfig = AdmissionConfig()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -50,11 +51,22 @@ async def test_priority_admission_serves_interactive_first(
             extra_headers={"X-Surface": surface},
         )
 
+    queue = gw.gateway.runtime.pools["up"].admission
+    assert queue is not None
+
+    async def until(condition: Callable[[], bool]) -> None:
+        for _ in range(500):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("condition not reached")
+
     first = asyncio.create_task(ask("batch", "b0"))  # takes the only slot
-    await asyncio.sleep(0.05)
+    await until(lambda: up.fake.active == 1)
     queued = [asyncio.create_task(ask("batch", f"b{i}")) for i in (1, 2)]
-    await asyncio.sleep(0.02)
+    await until(lambda: queue.waiting == 2)
     queued.append(asyncio.create_task(ask("chat", "i1")))  # arrives last
+    await until(lambda: queue.waiting == 3)
     await asyncio.gather(first, *queued)
     order = [r.body["messages"][0]["content"] for r in up.fake.requests]
     assert order == ["b0", "i1", "b1", "b2"]
@@ -73,7 +85,10 @@ async def test_queued_past_budget_gets_503_with_retry_after(
         policy([up.url], surfaces, "admission: {max_outstanding_per_replica: 1}")
     )
     blocker = asyncio.create_task(gw.client.chat.completions.create(model="m", messages=MESSAGES))
-    await asyncio.sleep(0.05)
+    for _ in range(500):
+        if up.fake.active:
+            break
+        await asyncio.sleep(0.01)
     async with (
         aiohttp.ClientSession() as s,
         s.post(
