@@ -17,7 +17,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from gateway.errors import GatewayError, NotFound, error_body
+from gateway.caching import CacheCollector, CacheStage
+from gateway.errors import BadRequest, GatewayError, NotFound, Unavailable, error_body
 from gateway.metrics import GatewayMetrics
 from gateway.orchestrator import LABELS_KEY, STATUS_KEY, Orchestrator
 from gateway.protocol import Endpoint
@@ -44,6 +45,8 @@ class Gateway:
         self.slo = SloTracker(_budgets(runtime.policy))
         self.metrics.registry.register(SloCollector(lambda: self.slo))
         self.telemetry = Telemetry.disabled()
+        self.cache: CacheStage | None = None
+        self.metrics.registry.register(CacheCollector(lambda: self.cache))
         self.session: aiohttp.ClientSession | None = None
         self.orchestrator: Orchestrator | None = None
         self._reload_lock = asyncio.Lock()
@@ -99,6 +102,7 @@ def create_app(
     app.router.add_get("/metrics", _metrics)
     app.router.add_post("/admin/reload", _reload)
     app.router.add_get("/admin/surfaces", _surfaces)
+    app.router.add_delete("/admin/cache", _purge_cache)
     return app
 
 
@@ -110,14 +114,19 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     owns_telemetry = not gateway.telemetry.enabled
     if owns_telemetry:
         gateway.telemetry = Telemetry.from_config(gateway.runtime.policy.telemetry)
+    policy = gateway.runtime.policy
+    if any(s.cache is not None for s in policy.surfaces.values()) or policy.needs_embeddings():
+        gateway.cache = await CacheStage.open(policy.cache_store, policy.needs_embeddings())
     gateway.orchestrator = Orchestrator(
-        UpstreamClient(session), gateway.metrics, gateway.telemetry, gateway.slo
+        UpstreamClient(session), gateway.metrics, gateway.telemetry, gateway.slo, gateway.cache
     )
     pools = list(gateway.runtime.pools.values())
     await asyncio.gather(*(p.start(session) for p in pools))
     yield
     await asyncio.gather(*(p.stop() for p in gateway.runtime.pools.values()))
     await session.close()
+    if gateway.cache is not None:
+        await gateway.cache.aclose()
     if owns_telemetry:
         await asyncio.to_thread(gateway.telemetry.shutdown)
 
@@ -232,6 +241,24 @@ async def _surfaces(request: web.Request) -> web.Response:
         if pool.admission is not None
     }
     return web.json_response({"surfaces": gateway.slo.view(), "admission": queues})
+
+
+async def _purge_cache(request: web.Request) -> web.Response:
+    """``DELETE /admin/cache?tenant=T[&namespace=N]``: drop a tenant's (or one scope's) entries."""
+    _loopback_only(request)
+    cache = request.app[GATEWAY].cache
+    tenant = request.query.get("tenant")
+    if not tenant:
+        raise BadRequest("the 'tenant' query parameter is required", param="tenant")
+    if cache is None:
+        raise NotFound("no surface of the running policy has a cache")
+    from cache.store import StoreUnavailable
+
+    try:
+        removed = await cache.cache.purge(tenant, request.query.get("namespace"))
+    except StoreUnavailable as exc:
+        raise Unavailable("the cache store is unavailable", headers={"Retry-After": "5"}) from exc
+    return web.json_response({"purged": removed, "tenant": tenant})
 
 
 async def _reload(request: web.Request) -> web.Response:

@@ -4,8 +4,9 @@ Order per target (the model's backend, then each fallback): the router chooses a
 available replicas; with ``budget_routing`` a replica predicted to miss the TTFT budget yields
 to one predicted to meet it; with ``cap_output`` ``max_tokens`` is lowered so the answer fits
 ``total_ms``; with hedging, if no first chunk has come by the hedge delay, the same request goes
-to a second replica and the first to produce a chunk wins (the other is closed at once, so its
-replica aborts it). A failure before the first byte (connect error, 5xx) moves on to another
+to a second replica (the router's choice, unless the latency tracker predicts it slow) and
+the first to produce a chunk wins (the other is closed at once, so its replica aborts it, and
+its elapsed time is recorded as a lower bound of that replica's TTFT). A failure before the first byte (connect error, 5xx) moves on to another
 replica once, then to the next target. Time-outs end the request (504): retrying would double
 the wait.
 """
@@ -165,12 +166,20 @@ class AttemptOpener:
             return await primary()
         assert hedge is not None
 
+        sent: list[tuple[Replica, float]] = []  # the hedge's replica and when it was sent
+
         async def second() -> Attempt:
             rest = [r for r in pool.available() if r.base_url not in tried]
             choice = pool.router.choose(rest, routing)
             if choice is None:
                 raise AttemptFailed("no_replica", "no replica left to hedge on", True)
-            tried.add(choice.replica.base_url)
+            target_replica = hedge.target(choice.replica, rest)
+            if target_replica is not choice.replica:
+                choice = RoutingDecision(
+                    target_replica, "hedge_latency", 0, {"router_choice": choice.replica.name}
+                )
+            tried.add(target_replica.base_url)
+            sent.append((target_replica, time.perf_counter()))
             return await self._one(rt, req, target, choice, routing, timeouts, read_first, True)
 
         started = time.perf_counter()
@@ -188,6 +197,13 @@ class AttemptOpener:
         attempt.winner = outcome.winner
         if outcome.hedged:
             self.metrics.hedge(pool.name, outcome.winner)
+            if read_first and outcome.loser_error is None:
+                # The loser was cancelled before its first chunk: its TTFT is censored.
+                now = time.perf_counter()
+                if outcome.winner == "hedge":
+                    hedge.lost(decision.replica, (now - started) * 1000)
+                elif sent:
+                    hedge.lost(sent[0][0], (now - sent[0][1]) * 1000)
         return attempt
 
     async def _one(

@@ -6,12 +6,16 @@ a plain call with typed inputs and outputs owned by its package.
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from gateway.attempts import Attempt, AttemptOpener, OpenRequest
+from gateway.caching import CacheStage, QueryEmbedding, StreamCapture, last_user_text, replay
 from gateway.errors import GatewayError, PayloadTooLarge, Unavailable
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import Endpoint, ParsedRequest, parse_request
@@ -24,6 +28,9 @@ from policies.latency import queue_of
 from policies.slo import RequestTiming, SloTracker
 from policies.telemetry import RequestSpan, Telemetry
 from routing.pool import BackendPool
+
+if TYPE_CHECKING:
+    from cache.semantic import CacheHit, CachePlan
 
 # Keys under which the orchestrator leaves labels for the metrics middleware.
 LABELS_KEY = web.RequestKey("llm_gateway.labels", tuple[str, str, str])
@@ -39,11 +46,14 @@ class Orchestrator:
         metrics: GatewayMetrics,
         telemetry: Telemetry,
         slo: SloTracker,
+        cache: CacheStage | None = None,
     ) -> None:
         self.opener = AttemptOpener(client, metrics)
         self.metrics = metrics
         self.telemetry = telemetry
         self.slo = slo
+        self.cache = cache
+        self.embedder = cache.embedder if cache is not None else None
 
     async def handle(
         self, request: web.Request, rt: Runtime, endpoint: Endpoint
@@ -67,7 +77,19 @@ class Orchestrator:
         try:
             # 4. which backends may serve the model: the primary, then its fallbacks
             targets = rt.targets(parsed.model)
-            # 5. (cache lookup goes here)
+            # 5. cache: exact, then semantic; a hit is replayed and the request ends here
+            cache_plan = None
+            query = QueryEmbedding(self.embedder, last_user_text(parsed))
+            if self.cache is not None and plan.cache is not None:
+                cache_plan = self.cache.plan(request, parsed, plan.cache, tenant, plan.name)
+                with span.child("gateway.cache.lookup"):
+                    hit = await self.cache.lookup(cache_plan, plan.cache, query)
+                span.decision(_cache_attributes(hit, cache_plan.request is not None))
+                if hit is not None:
+                    status = 200
+                    request[STATUS_KEY] = status
+                    self.slo.observe(plan.name, RequestTiming(_ms_since(started)))
+                    return await replay(request, parsed, hit, {"x-gateway-surface": plan.name})
             # 6. admission: wait in priority order while the pool is saturated
             ticket = await self.admit(targets[0].pool, plan, started, span)
             try:
@@ -80,8 +102,9 @@ class Orchestrator:
                     attempt.decision.replica.name,
                 )
                 # 8. relay the answer as it arrives
+                capture = StreamCapture() if _fills(cache_plan) and parsed.stream else None
                 response, result = await self.relay(
-                    request, parsed, plan, attempt, span, open_req.deadline
+                    request, parsed, plan, attempt, span, open_req.deadline, capture
                 )
             finally:
                 if ticket is not None:
@@ -90,6 +113,9 @@ class Orchestrator:
             request[STATUS_KEY] = status
             # 9. record: latency per replica, the surface's SLO, the span's outcome
             self.record(rt, plan, attempt, result, started, span, parsed.model)
+            # 10. cache fill, in the background, of a complete and successful answer
+            if result.status == 200 and not result.deadline_hit:
+                self.fill_cache(plan, cache_plan, capture, result, query)
             return response
         except GatewayError as exc:
             status = exc.status
@@ -98,6 +124,19 @@ class Orchestrator:
             if status >= 500 and status != 499 and not _recorded(request):
                 self.slo.observe(plan.name, RequestTiming(_ms_since(started), ok=False))
             span.end(status)
+
+    def fill_cache(
+        self,
+        plan: SurfacePlan,
+        cache_plan: CachePlan | None,
+        capture: StreamCapture | None,
+        result: RelayResult,
+        query: QueryEmbedding,
+    ) -> None:
+        if self.cache is None or plan.cache is None or cache_plan is None:
+            return
+        answer = capture.assembled if capture is not None else _storable(result.body)
+        self.cache.fill_later(cache_plan, plan.cache, answer, query)
 
     async def admit(
         self, pool: BackendPool, plan: SurfacePlan, started: float, span: RequestSpan
@@ -125,6 +164,7 @@ class Orchestrator:
         attempt: Attempt,
         span: RequestSpan,
         deadline: float | None,
+        capture: StreamCapture | None = None,
     ) -> tuple[web.StreamResponse, RelayResult]:
         pool, replica = attempt.target.pool, attempt.decision.replica
         extra = {
@@ -135,6 +175,8 @@ class Orchestrator:
         }
         if attempt.hedged:
             extra["x-gateway-hedge"] = attempt.winner
+        if plan.cache is not None and self.cache is not None:
+            extra["x-gateway-cache"] = "miss"
         upstream = attempt.response
         ok = False
         response: web.StreamResponse
@@ -148,7 +190,7 @@ class Orchestrator:
                     first_at=attempt.first_at,
                     deadline=deadline,
                     chat=parsed.endpoint is Endpoint.CHAT,
-                    on_read=summarizer.feed if summarizer is not None else None,
+                    on_read=_readers(summarizer, capture),
                     on_gap=self.metrics.itl_child(parsed.model, pool.name, replica.name).observe,
                 )
                 response, result = await relay_stream(request, upstream, extra, stream_plan)
@@ -213,6 +255,51 @@ class Orchestrator:
             span.budget_breach("itl", budget.itl_ms, itl_ms)
         if verdict.total and budget.total_ms is not None:
             span.budget_breach("total", budget.total_ms, timing.total_ms)
+
+
+def _fills(plan: CachePlan | None) -> bool:
+    return plan is not None and plan.request is not None and plan.fill
+
+
+def _storable(body: bytes | None) -> Callable[[], bytes | None]:
+    def check() -> bytes | None:
+        from cache.replay import is_storable
+
+        if body is None:
+            return None
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return None
+        return body if isinstance(data, dict) and is_storable(data) else None
+
+    return check
+
+
+def _readers(
+    summarizer: StreamSummarizer | None, capture: StreamCapture | None
+) -> Callable[[bytes], None] | None:
+    if summarizer is None and capture is None:
+        return None
+    if capture is None:
+        assert summarizer is not None
+        return summarizer.feed
+    if summarizer is None:
+        return capture.feed
+
+    def both(data: bytes) -> None:
+        summarizer.feed(data)
+        capture.feed(data)
+
+    return both
+
+
+def _cache_attributes(hit: CacheHit | None, involved: bool) -> dict[str, str | float | None]:
+    if not involved:
+        return {"cache": "skipped"}
+    if hit is None:
+        return {"cache": "miss"}
+    return {"cache": hit.kind, "cache.similarity": hit.similarity}
 
 
 def _open_request(

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from cache.config import CachePolicy
 from gateway.errors import NotFound, Unauthorized
 from policies.admission import AdmissionQueue
 from policies.budget_config import Priority, SurfaceActions
@@ -40,12 +41,13 @@ class SurfacePlan:
     priority: Priority
     actions: SurfaceActions
     hedge: HedgePolicy | None  # None when hedging is off for the surface
+    cache: CachePolicy | None = None
 
     @classmethod
     def build(cls, name: str, surface: Surface, latency: ReplicaLatency) -> SurfacePlan:
         hedge = surface.actions.hedge
         policy = HedgePolicy(hedge, latency) if hedge.enabled else None
-        return cls(name, surface.budget, surface.priority, surface.actions, policy)
+        return cls(name, surface.budget, surface.priority, surface.actions, policy, surface.cache)
 
 
 def key_digest(key: str) -> str:

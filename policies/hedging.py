@@ -16,16 +16,22 @@ token (saved up to ``burst``), each hedge spends one, so hedges never exceed
 cluster of late requests.
 
 ``hedge_delay_s`` implements ``delay_ms: auto``: the replica's recent TTFT p95, no longer than
-the typical replica's p95 (the median of the replicas' p95s: a replica that turned slow would
-otherwise wait for its own slow p95 before hedging), and never past the TTFT budget.
+the typical healthy peer's p90 (the median of the *other* replicas' p90s: what a fresh attempt
+elsewhere usually takes; a replica that turned slow would otherwise wait for its own slow p95
+before hedging, and a hedge costs the delay plus a fresh TTFT), and never past the TTFT budget.
 
 ``worth_hedging`` spends a token only where a hedge can win: at the delay, the primary's
 expected remaining wait (the median of its recent TTFTs that were longer than the time
 already waited, minus that time) must exceed a fresh attempt's typical TTFT (the median of
 the other replicas' p50s). A healthy replica's late first token is usually only a little
 late, so its hedges would mostly lose; a slow replica's is not. A wait longer than anything
-the replica recently did is always worth a hedge. ``HedgePolicy`` ties the three together
-for one surface.
+the replica recently did is always worth a hedge.
+
+``HedgePolicy`` ties these together for one surface, and closes the loop on the latency
+tracker: the hedge goes to the router's choice unless that replica is predicted slower than
+the typical candidate (then to the one predicted fastest), and the attempt that lost a race
+is recorded as censored (``ReplicaLatency.observe_lost``), so a replica whose attempts keep
+being cancelled predicts slow instead of looking fast and idle.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 from policies.budget_config import HedgeConfig
-from policies.latency import ReplicaLatency
+from policies.latency import ReplicaLatency, queue_of
+from routing.replica import Replica
 
 T = TypeVar("T")
 
@@ -161,13 +168,22 @@ def hedge_delay_s(
     if config.delay_ms != "auto":
         return float(config.delay_ms) / 1000.0
     own = latency.ttft_p95_ms(replica_key)
-    typical_list = [p for p in (latency.ttft_p95_ms(k) for k in peers) if p is not None]
-    candidates = [v for v in (own, ttft_budget_ms) if v is not None]
-    if typical_list:
-        candidates.append(statistics.median(typical_list))
+    typical = typical_ttft_ms(latency, replica_key, peers, 0.90)
+    candidates = [v for v in (own, typical, ttft_budget_ms) if v is not None]
     if not candidates:
         return None  # nothing observed yet and no budget: no basis for a delay
     return max(min(candidates), config.min_delay_ms) / 1000.0
+
+
+def typical_ttft_ms(
+    latency: ReplicaLatency, primary_key: str, peers: Sequence[str], q: float
+) -> float | None:
+    """The median over the replicas other than ``primary_key`` of their recent TTFT quantile
+    ``q`` (0.5 or 0.9): what a fresh attempt elsewhere usually takes. The median ignores one
+    sick peer."""
+    read = latency.ttft_p50_ms if q == 0.5 else latency.ttft_p90_ms
+    values = [v for v in (read(k) for k in peers if k != primary_key) if v is not None]
+    return statistics.median(values) if values else None
 
 
 def worth_hedging(
@@ -176,16 +192,13 @@ def worth_hedging(
     remaining = latency.remaining_ttft_ms(primary_key, elapsed_ms)
     if remaining is None:
         return True
-    fresh = [
-        p for p in (latency.ttft_p50_ms(k) for k in peers if k != primary_key) if p is not None
-    ]
-    if not fresh:
-        return True
-    return remaining > statistics.median(fresh)
+    fresh = typical_ttft_ms(latency, primary_key, peers, 0.5)
+    return fresh is None or remaining > fresh
 
 
 class HedgePolicy:
-    """One surface's hedging: the delay, the worth-it check and the rate bound."""
+    """One surface's hedging: the delay, the worth-it check, the rate bound, the hedge's
+    replica, and what a lost race teaches the latency tracker."""
 
     def __init__(self, config: HedgeConfig, latency: ReplicaLatency, burst: float = 10.0) -> None:
         self.config = config
@@ -206,3 +219,18 @@ class HedgePolicy:
         if not worth_hedging(self.latency, primary_key, peers, elapsed_ms):
             return False
         return self.budget.try_hedge()
+
+    def target(self, router_choice: Replica, rest: Sequence[Replica]) -> Replica:
+        """Where the hedge goes: the router's choice (it may hold the prompt's prefix) unless
+        it is predicted slower than the typical candidate; then the one predicted fastest."""
+        predicted = [(p, r) for r in rest if (p := self.latency.predict(r)) is not None]
+        if len(predicted) < 2:
+            return router_choice
+        mine = self.latency.predict(router_choice)
+        if mine is not None and mine <= statistics.median(p for p, _ in predicted):
+            return router_choice
+        return min(predicted, key=lambda pr: pr[0])[1]
+
+    def lost(self, replica: Replica, elapsed_ms: float) -> None:
+        """An attempt on ``replica`` was cancelled ``elapsed_ms`` in: the other one won."""
+        self.latency.observe_lost(replica.base_url, elapsed_ms, queue=queue_of(replica))

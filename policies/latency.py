@@ -2,15 +2,22 @@
 
 Per replica (keyed by its base URL) the tracker keeps:
 
-- a rolling TTFT histogram (``window_s``) whose p95 feeds the hedge delay and whose tail tells
-  how much longer a late first token will probably take; p50 and p95 are cached for
-  ``refresh_s`` so the hot path reads floats. Record only first chunks that arrived: an
-  attempt cancelled because its hedge won is censored, and recording its elapsed time would
-  teach the tracker that a slow replica is fast;
+- a rolling TTFT histogram (``window_s``) whose quantiles feed the hedge delay and whose tail
+  tells how much longer a late first token will probably take; p50, p90 and p95 are cached
+  for ``refresh_s`` so the hot path reads floats;
 - an EWMA (weight ``alpha``) of the *queueing part* of TTFT: the observed TTFT minus
   ``prefill_ms_per_token x uncached prompt tokens`` at send time, and an EWMA of the queue the
   request found (scraped vLLM ``waiting`` when known, else the gateway's outstanding count);
 - an EWMA of the inter-token latency (the request's mean gap between tokens).
+
+An attempt cancelled because the other side of a hedge race won is *censored*: its TTFT is
+only known to exceed the time it ran. Dropping it would keep only a slow replica's lucky fast
+answers (it looks fast, and idle since its losers left early); recording the elapsed time as
+if it were the TTFT would bias it low the same way. ``observe_lost`` records instead the
+median of the replica's own recent TTFTs above that time (the conditional median: a cheap
+form of the Kaplan-Meier estimator's redistribution of censored mass to the right), or the
+elapsed time itself when none was that long, so a replica that keeps losing races predicts
+slow.
 
 Prediction (budget-aware replica choice):
 
@@ -41,8 +48,13 @@ class _Stats:
     itl_ms: float | None = None
     last_seen: float = field(default=0.0)
     p50_ms: float | None = None
+    p90_ms: float | None = None
     p95_ms: float | None = None
     quantiles_at: float = float("-inf")
+
+
+# A replica predicted this many times slower than the typical one is avoided by budget routing.
+OUTLIER_RATIO = 2.0
 
 
 def queue_of(replica: Replica) -> float:
@@ -96,6 +108,13 @@ class ReplicaLatency:
             s.queue_avg += a * (queue - s.queue_avg)
         s.last_seen = self._clock()
 
+    def observe_lost(self, key: str, elapsed_ms: float, *, queue: float = 0.0) -> None:
+        """An attempt on ``key`` was cancelled ``elapsed_ms`` after it was sent, before its
+        first chunk (it lost a hedge race): record the TTFT it would probably have had."""
+        s = self._stats.get(key)
+        beyond = None if s is None else s.ttft.quantile_above(0.5, elapsed_ms)
+        self.observe_ttft(key, max(beyond or 0.0, elapsed_ms), queue=queue)
+
     def observe_itl(self, key: str, itl_ms: float) -> None:
         s = self._get(key)
         s.itl_ms = itl_ms if s.itl_ms is None else s.itl_ms + self.alpha * (itl_ms - s.itl_ms)
@@ -116,6 +135,7 @@ class ReplicaLatency:
         if now - s.quantiles_at >= self.refresh_s:
             counts = s.ttft.merged()
             s.p50_ms = s.ttft.quantile(0.50, counts)
+            s.p90_ms = s.ttft.quantile(0.90, counts)
             s.p95_ms = s.ttft.quantile(0.95, counts)
             s.quantiles_at = now
         return s
@@ -123,6 +143,10 @@ class ReplicaLatency:
     def ttft_p95_ms(self, key: str) -> float | None:
         s = self._fresh(key)
         return None if s is None else s.p95_ms
+
+    def ttft_p90_ms(self, key: str) -> float | None:
+        s = self._fresh(key)
+        return None if s is None else s.p90_ms
 
     def ttft_p50_ms(self, key: str) -> float | None:
         s = self._fresh(key)
@@ -164,16 +188,25 @@ def choose_for_budget(
     budget_ms: float,
     uncached_tokens: Callable[[Replica], int] = lambda r: 0,
 ) -> Replica:
-    """Keep the router's ``chosen`` replica unless it is predicted to miss ``budget_ms`` and
-    another candidate is predicted to do better (the one predicted fastest)."""
+    """Keep the router's ``chosen`` replica unless it is predicted to miss ``budget_ms``, or to
+    take more than ``OUTLIER_RATIO`` times as long as the typical candidate (the lower median
+    of the predictions). Then take the least loaded candidate predicted to do neither, or,
+    if there is none, the one predicted fastest (when it is predicted faster).
+
+    The second rule catches a replica that turned slow while the budget is loose: on average
+    it still meets the budget, but its tail does not, and with hedging each of its requests
+    costs a second one. Choosing the least loaded of the good ones, not the fastest, keeps
+    the requests taken from a slow replica from all landing on one other."""
     mine = latency.predict(chosen, uncached_tokens(chosen))
-    if mine is None or mine <= budget_ms:
+    if mine is None:
         return chosen
-    best, best_ms = chosen, mine
-    for r in candidates:
-        if r is chosen:
-            continue
-        predicted = latency.predict(r, uncached_tokens(r))
-        if predicted is not None and predicted < best_ms:
-            best, best_ms = r, predicted
-    return best
+    predicted = [(p, r) for r in candidates if (p := latency.predict(r, uncached_tokens(r)))]
+    known = sorted(p for p, _ in predicted)
+    limit = min(budget_ms, OUTLIER_RATIO * known[(len(known) - 1) // 2]) if known else budget_ms
+    if mine <= limit:
+        return chosen
+    good = [(r.outstanding, p, r) for p, r in predicted if p <= limit and r is not chosen]
+    if good:
+        return min(good, key=lambda g: (g[0], g[1]))[2]
+    best_ms, best = min(predicted, key=lambda pr: pr[0], default=(mine, chosen))
+    return best if best_ms < mine else chosen

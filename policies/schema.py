@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from cache.config import CachePolicy
 from policies.budget_config import AdmissionConfig, Priority, SurfaceActions, TelemetryConfig
 from routing.config import LeastLoadedRouting, RoutingConfig
 from routing.tier_config import TieredModelConfig
@@ -177,6 +178,23 @@ class Surface(Strict):
     budget: Budget = Budget()
     priority: Priority = "standard"
     actions: SurfaceActions = SurfaceActions()
+    cache: CachePolicy | None = None  # exact and semantic caching of this surface's answers
+
+
+class CacheStoreConfig(Strict):
+    """Where cache entries live: in memory (one gateway instance) or in Redis (shared)."""
+
+    redis_url: str | None = None  # e.g. ${REDIS_URL}; None or "": in memory
+    timeout_ms: float = Field(50.0, gt=0)  # a slower store is skipped, the request goes on
+    prefix: str = "lgw:cache"
+    embedder_backend: Literal["auto", "onnx", "torch"] = "auto"
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"not a redis:// URL: {value!r}")
+        return value or None
 
 
 class ServerConfig(Strict):
@@ -194,3 +212,10 @@ class Policy(Strict):
     surfaces: dict[str, Surface] = {}
     admission: AdmissionConfig = AdmissionConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    cache_store: CacheStoreConfig = CacheStoreConfig()
+
+    def needs_embeddings(self) -> bool:
+        """Semantic caching or a tiered model: the gateway then loads the embedding model."""
+        return any(
+            s.cache is not None and s.cache.semantic is not None for s in self.surfaces.values()
+        ) or any(isinstance(m, TieredModelConfig) for m in self.models.values())

@@ -1,0 +1,1 @@
+"""Response cache: exact and semantic matching, tenant-scoped, quality-gated."""

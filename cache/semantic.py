@@ -1,0 +1,307 @@
+"""Exact and semantic response caches, and the facade the orchestrator calls.
+
+Lookup order (``ResponseCache.lookup``): exact match on the canonical request, then semantic
+match of the last user message among entries with the same scope and context key:
+
+1. faiss search of the group for the ``top_k`` nearest stored queries above the cosine floor;
+2. the gate (``SemanticGate.choose``): with ``gate=verifier`` the learned verifier scores
+   every candidate and the best one at or above its threshold wins; with ``gate=cosine`` the
+   nearest candidate above the threshold wins;
+3. the winner's response is read from the store (its scope is checked again there).
+
+The cache never fails a request: store errors and time-outs count as misses (``CacheStats``).
+``cache-eval`` runs exactly this code with an in-memory store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from cache.config import COSINE_ONLY_DEFAULT_THRESHOLD, CachePolicy, SemanticCacheConfig
+from cache.index import Candidate, IndexEntry, Vector, VectorIndex
+from cache.keys import CacheRequest, CacheScope, Endpoint, build_request
+from cache.store import CacheStore, StoreUnavailable
+from cache.verifier import Verifier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHit:
+    kind: Literal["exact", "semantic"]
+    response: bytes  # the stored OpenAI response JSON (see cache.replay)
+    similarity: float | None = None
+    verifier_score: float | None = None
+
+
+@dataclass(slots=True)
+class CacheStats:
+    exact_hits: int = 0
+    semantic_hits: int = 0
+    misses: int = 0
+    gate_rejections: int = 0  # candidates found above the floor, none accepted
+    unavailable: int = 0  # lookups or fills skipped because the store did not answer
+    stored: int = 0
+    errors: int = 0  # unexpected exceptions (bugs): logged, counted, never raised
+
+
+@dataclass(frozen=True, slots=True)
+class CachePlan:
+    """What to do for one request: ``request`` is None when the cache is not involved."""
+
+    request: CacheRequest | None
+    lookup: bool
+    fill: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    candidate: Candidate
+    verifier_score: float | None
+
+
+class SemanticGate:
+    def __init__(self, verifier: Verifier | None) -> None:
+        self.verifier = verifier
+
+    def floor(self, settings: SemanticCacheConfig) -> float:
+        if settings.threshold is not None:
+            return settings.threshold
+        if settings.gate == "verifier" and self.verifier is not None:
+            return self.verifier.cosine_floor
+        return COSINE_ONLY_DEFAULT_THRESHOLD
+
+    def choose(
+        self, query: str, candidates: list[Candidate], settings: SemanticCacheConfig
+    ) -> Match | None:
+        floor = self.floor(settings)
+        above = [c for c in candidates if c.similarity >= floor]
+        if not above:
+            return None
+        if settings.gate == "cosine" or self.verifier is None:
+            if settings.gate == "verifier":
+                raise RuntimeError("gate=verifier but no verifier is loaded")
+            return Match(max(above, key=lambda c: c.similarity), None)
+        scores = self.verifier.probabilities(
+            [c.text for c in above], [query] * len(above), [c.similarity for c in above]
+        )
+        best = int(np.argmax(scores))
+        threshold = settings.verifier_threshold
+        if threshold is None:
+            threshold = self.verifier.threshold
+        if scores[best] < threshold:
+            return None
+        return Match(above[best], float(scores[best]))
+
+
+def entry_id_for(request: CacheRequest) -> str:
+    """Same scope, context and query text: same entry (a re-store refreshes it)."""
+    digest = hashlib.sha256()
+    for part in (request.scope.path(), request.context_key, request.query_text or ""):
+        digest.update(part.encode("utf-8"))
+        digest.update(b"\x00")
+    return digest.hexdigest()[:32]
+
+
+class ExactCache:
+    def __init__(self, store: CacheStore) -> None:
+        self._store = store
+
+    async def lookup(self, request: CacheRequest) -> CacheHit | None:
+        found = await self._store.get_exact(request.scope, request.exact_key)
+        if found is None or found.scope != request.scope:
+            return None
+        return CacheHit("exact", found.response)
+
+    async def store(self, request: CacheRequest, response: bytes, ttl_s: int) -> None:
+        await self._store.put_exact(request.scope, request.exact_key, response, ttl_s)
+
+
+class SemanticCache:
+    """Search and gate run on a one-thread executor: faiss and the verifier stay off the loop."""
+
+    def __init__(
+        self,
+        store: CacheStore,
+        index: VectorIndex,
+        gate: SemanticGate,
+        executor: ThreadPoolExecutor | None = None,
+    ) -> None:
+        self._store = store
+        self.index = index
+        self.gate = gate
+        self._executor = executor or ThreadPoolExecutor(1, thread_name_prefix="cache-search")
+
+    def find(
+        self, request: CacheRequest, embedding: Vector, settings: SemanticCacheConfig
+    ) -> tuple[Match | None, int]:
+        """Blocking search + gate; returns the match and how many candidates were seen."""
+        if request.query_text is None:
+            return None, 0
+        candidates = self.index.search(
+            request.scope,
+            request.context_key,
+            embedding,
+            k=settings.top_k,
+            min_similarity=self.gate.floor(settings),
+        )
+        return self.gate.choose(request.query_text, candidates, settings), len(candidates)
+
+    async def lookup(
+        self, request: CacheRequest, embedding: Vector, settings: SemanticCacheConfig
+    ) -> tuple[CacheHit | None, int]:
+        if request.query_text is None:
+            return None, 0
+        if self.index.group_size(request.scope, request.context_key) == 0:
+            return None, 0
+        loop = asyncio.get_running_loop()
+        match, seen = await loop.run_in_executor(
+            self._executor, self.find, request, embedding, settings
+        )
+        if match is None:
+            return None, seen
+        found = await self._store.get_response(request.scope, match.candidate.entry_id)
+        if found is None or found.scope != request.scope:
+            self.index.remove(match.candidate.entry_id)  # expired or evicted meanwhile
+            return None, seen
+        hit = CacheHit("semantic", found.response, match.candidate.similarity, match.verifier_score)
+        return hit, seen
+
+    async def store(
+        self,
+        request: CacheRequest,
+        embedding: Vector,
+        response: bytes,
+        settings: SemanticCacheConfig,
+    ) -> None:
+        if request.query_text is None:
+            return
+        entry = IndexEntry(
+            entry_id=entry_id_for(request),
+            scope=request.scope,
+            context_key=request.context_key,
+            text=request.query_text,
+            vector=np.ascontiguousarray(embedding, dtype=np.float32).reshape(-1),
+            expires_at=time.time() + settings.ttl,
+        )
+        await self._store.put_entry(entry, response, settings.ttl, settings.max_entries)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _cache_control(header: str | None) -> set[str]:
+    if not header:
+        return set()
+    return {part.strip().lower().split("=", 1)[0] for part in header.split(",") if part.strip()}
+
+
+class ResponseCache:
+    """The orchestrator's entry point: ``plan``, ``lookup``, ``fill``, ``purge``."""
+
+    def __init__(
+        self, store: CacheStore, verifier: Verifier | None, *, dim: int = 384, **index_args: Any
+    ) -> None:
+        self.store = store
+        self.index = VectorIndex(dim, **index_args)
+        store.attach(self.index)
+        self.exact = ExactCache(store)
+        self.semantic = SemanticCache(store, self.index, SemanticGate(verifier))
+        self.stats = CacheStats()
+
+    async def start(self) -> None:
+        await self.store.start()
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+        self.semantic.close()
+
+    def plan(
+        self,
+        body: Mapping[str, Any],
+        policy: CachePolicy | None,
+        *,
+        tenant: str,
+        model_alias: str,
+        surface: str,
+        endpoint: Endpoint = "chat/completions",
+        cache_control: str | None = None,
+    ) -> CachePlan:
+        if policy is None or not policy.enabled:
+            return CachePlan(None, False, False)
+        temperature = body.get("temperature", 1.0)  # absent: the OpenAI default
+        if not policy.allow_temperature and (
+            not isinstance(temperature, int | float) or temperature > 0
+        ):
+            return CachePlan(None, False, False)
+        directives = _cache_control(cache_control)
+        lookup, fill = "no-cache" not in directives, "no-store" not in directives
+        if not (lookup or fill):
+            return CachePlan(None, False, False)
+        scope = CacheScope(tenant, model_alias, policy.namespace or surface)
+        return CachePlan(build_request(body, scope, endpoint), lookup, fill)
+
+    async def lookup(
+        self, plan: CachePlan, policy: CachePolicy, embedding: Vector | None
+    ) -> CacheHit | None:
+        """Exact, then semantic (when an embedding of the last user message is given)."""
+        request = plan.request
+        if request is None or not plan.lookup:
+            return None
+        try:
+            if not self.store.available:
+                self.stats.unavailable += 1
+                return None
+            if policy.exact:
+                hit = await self.exact.lookup(request)
+                if hit is not None:
+                    self.stats.exact_hits += 1
+                    return hit
+            if policy.semantic is not None and embedding is not None:
+                hit, seen = await self.semantic.lookup(request, embedding, policy.semantic)
+                if hit is not None:
+                    self.stats.semantic_hits += 1
+                    return hit
+                if seen:
+                    self.stats.gate_rejections += 1
+        except StoreUnavailable:
+            self.stats.unavailable += 1
+            return None
+        except Exception:
+            self.stats.errors += 1
+            log.exception("cache lookup failed; treating it as a miss")
+            return None
+        self.stats.misses += 1
+        return None
+
+    async def fill(
+        self, plan: CachePlan, policy: CachePolicy, response: bytes, embedding: Vector | None
+    ) -> None:
+        """Store a complete, successful response; run it after the reply, off its path."""
+        request = plan.request
+        if request is None or not plan.fill:
+            return
+        try:
+            if policy.exact:
+                await self.exact.store(request, response, policy.exact_ttl)
+            if policy.semantic is not None and embedding is not None:
+                await self.semantic.store(request, embedding, response, policy.semantic)
+            self.stats.stored += 1
+        except StoreUnavailable:
+            self.stats.unavailable += 1
+        except Exception:
+            self.stats.errors += 1
+            log.exception("cache fill failed")
+
+    async def purge(self, tenant: str, namespace: str | None = None) -> int:
+        """Admin purge of a tenant (or one namespace); raises ``StoreUnavailable``."""
+        return await self.store.purge(tenant, namespace)

@@ -1,0 +1,180 @@
+"""Where cache entries live: the ``CacheStore`` interface and the in-memory default.
+
+A store keeps two kinds of entries, both scoped (``CacheScope``) and both with a TTL:
+
+* exact entries: exact key -> response bytes;
+* semantic entries: an ``IndexEntry`` (vector, query text, context key) plus response bytes.
+
+Each gateway instance searches its own in-process ``VectorIndex``; the store feeds it through
+an ``IndexSink`` (``VectorIndex`` is one): every entry added, evicted or purged anywhere is
+announced to the sinks of every instance sharing the store. The in-memory store serves one
+instance; ``cache.redis_store.RedisStore`` serves many.
+
+Stores raise ``StoreUnavailable`` when their backend cannot answer in time; the caches turn
+that into a miss, never into a failed request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from cache.index import IndexEntry
+from cache.keys import CacheScope, scope_prefix
+
+
+class StoreUnavailable(Exception):
+    """The store's backend did not answer (down, slow, or in its retry back-off)."""
+
+
+class IndexSink(Protocol):
+    def add(self, entry: IndexEntry) -> None: ...
+
+    def remove(self, entry_id: str) -> bool: ...
+
+    def purge(self, scope_prefix: str) -> int: ...
+
+    def replace_all(self, entries: Iterable[IndexEntry]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    scope: CacheScope
+    response: bytes
+
+
+class CacheStore(Protocol):
+    @property
+    def available(self) -> bool:
+        """False while the backend is known to be down (lookups are skipped)."""
+        ...
+
+    def attach(self, sink: IndexSink) -> None:
+        """Feed ``sink`` with this store's semantic entries, now and as they change."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def get_exact(self, scope: CacheScope, key: str) -> StoredResponse | None: ...
+
+    async def put_exact(self, scope: CacheScope, key: str, response: bytes, ttl_s: int) -> None: ...
+
+    async def get_response(self, scope: CacheScope, entry_id: str) -> StoredResponse | None: ...
+
+    async def put_entry(
+        self, entry: IndexEntry, response: bytes, ttl_s: int, max_entries: int
+    ) -> None: ...
+
+    async def purge(self, tenant: str, namespace: str | None = None) -> int:
+        """Delete every entry of a tenant (or of one of its namespaces); return how many."""
+        ...
+
+
+@dataclass(slots=True)
+class _MemEntry:
+    scope: CacheScope
+    response: bytes
+    expires_at: float
+
+
+class InMemoryStore:
+    """One process, no persistence: the default when no Redis is configured.
+
+    ``max_exact_entries`` bounds the exact entries (least recently used go first);
+    semantic entries are bounded per scope by the policy's ``max_entries``.
+    """
+
+    def __init__(self, max_exact_entries: int = 100_000) -> None:
+        self._exact: OrderedDict[tuple[CacheScope, str], _MemEntry] = OrderedDict()
+        self._entries: dict[str, _MemEntry] = {}
+        self._by_scope: dict[CacheScope, dict[str, float]] = {}
+        self._max_exact = max_exact_entries
+        self._sinks: list[IndexSink] = []
+
+    @property
+    def available(self) -> bool:
+        return True
+
+    def attach(self, sink: IndexSink) -> None:
+        self._sinks.append(sink)
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+    async def get_exact(self, scope: CacheScope, key: str) -> StoredResponse | None:
+        found = self._exact.get((scope, key))
+        if found is None:
+            return None
+        if found.expires_at <= time.time():
+            del self._exact[(scope, key)]
+            return None
+        self._exact.move_to_end((scope, key))
+        return StoredResponse(found.scope, found.response)
+
+    async def put_exact(self, scope: CacheScope, key: str, response: bytes, ttl_s: int) -> None:
+        self._exact[(scope, key)] = _MemEntry(scope, response, time.time() + ttl_s)
+        self._exact.move_to_end((scope, key))
+        while len(self._exact) > self._max_exact:
+            self._exact.popitem(last=False)
+
+    async def get_response(self, scope: CacheScope, entry_id: str) -> StoredResponse | None:
+        found = self._entries.get(entry_id)
+        if found is None or found.scope != scope:
+            return None
+        if found.expires_at <= time.time():
+            self._drop(entry_id)
+            return None
+        return StoredResponse(found.scope, found.response)
+
+    async def put_entry(
+        self, entry: IndexEntry, response: bytes, ttl_s: int, max_entries: int
+    ) -> None:
+        now = time.time()
+        self._entries[entry.entry_id] = _MemEntry(entry.scope, response, entry.expires_at)
+        members = self._by_scope.setdefault(entry.scope, {})
+        members[entry.entry_id] = entry.expires_at
+        for sink in self._sinks:
+            sink.add(entry)
+        expired = [eid for eid, exp in members.items() if exp <= now]
+        for entry_id in expired:
+            self._drop(entry_id)
+        if len(members) > max_entries:
+            # The entries closest to expiry go first (the oldest, under one TTL).
+            for entry_id, _ in sorted(members.items(), key=lambda kv: kv[1])[
+                : len(members) - max_entries
+            ]:
+                self._drop(entry_id)
+
+    async def purge(self, tenant: str, namespace: str | None = None) -> int:
+        prefix = scope_prefix(tenant, namespace)
+        removed = 0
+        for key in [k for k in self._exact if k[0].path().startswith(prefix)]:
+            del self._exact[key]
+            removed += 1
+        for scope in [s for s in self._by_scope if s.path().startswith(prefix)]:
+            for entry_id in list(self._by_scope[scope]):
+                self._entries.pop(entry_id, None)
+                removed += 1
+            del self._by_scope[scope]
+        for sink in self._sinks:
+            sink.purge(prefix)
+        return removed
+
+    def _drop(self, entry_id: str) -> None:
+        found = self._entries.pop(entry_id, None)
+        if found is not None:
+            members = self._by_scope.get(found.scope)
+            if members is not None:
+                members.pop(entry_id, None)
+                if not members:
+                    del self._by_scope[found.scope]
+        for sink in self._sinks:
+            sink.remove(entry_id)

@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from cache.keys import CacheScope, build_request, scope_prefix
+
+SCOPE = CacheScope("acme", "small", "chat")
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    return {
+        "model": "small",
+        "temperature": 0,
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "What is the capital of France?"},
+        ],
+        **extra,
+    }
+
+
+def test_transport_fields_do_not_change_the_exact_key() -> None:
+    plain = build_request(body(), SCOPE)
+    streamed = build_request(body(stream=True, stream_options={"include_usage": True}), SCOPE)
+    tagged = build_request(body(user="u-1", metadata={"trace": "x"}), SCOPE)
+    assert plain.exact_key == streamed.exact_key == tagged.exact_key
+
+
+def test_key_order_and_text_parts_are_canonical() -> None:
+    a = build_request(body(), SCOPE)
+    reordered = dict(reversed(list(body().items())))
+    parts = body()
+    parts["messages"][1]["content"] = [{"type": "text", "text": "What is the capital of France?"}]
+    assert build_request(reordered, SCOPE).exact_key == a.exact_key
+    assert build_request(parts, SCOPE).exact_key == a.exact_key
+
+
+def test_answer_changing_parameters_change_both_keys() -> None:
+    base = build_request(body(), SCOPE)
+    for extra in (
+        {"temperature": 0.7},
+        {"max_tokens": 5},
+        {"seed": 3},
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"response_format": {"type": "json_object"}},
+        {"stop": "\n"},
+        {"logprobs": True},
+        {"some_future_field": 1},  # unknown fields are kept: they may matter
+    ):
+        other = build_request(body(**extra), SCOPE)
+        assert other.exact_key != base.exact_key, extra
+        assert other.context_key != base.context_key, extra
+
+
+def test_context_key_ignores_only_the_last_user_message() -> None:
+    a = build_request(body(), SCOPE)
+    other_question = body()
+    other_question["messages"][1]["content"] = "Which city is France's capital?"
+    b = build_request(other_question, SCOPE)
+    assert a.context_key == b.context_key
+    assert a.exact_key != b.exact_key
+    assert b.query_text == "Which city is France's capital?"
+    other_system = body()
+    other_system["messages"][0]["content"] = "You are verbose."
+    assert build_request(other_system, SCOPE).context_key != a.context_key
+
+
+def test_no_semantic_query_when_the_last_message_is_not_plain_user_text() -> None:
+    image = body()
+    image["messages"][1]["content"] = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:,"}},
+    ]
+    assert build_request(image, SCOPE).query_text is None
+    tool = body()
+    tool["messages"].append({"role": "tool", "tool_call_id": "c1", "content": "42"})
+    assert build_request(tool, SCOPE).query_text is None
+
+
+def test_completions_prompt_is_the_query() -> None:
+    req = build_request(
+        {"model": "small", "prompt": "Once upon a time", "max_tokens": 8},
+        SCOPE,
+        "completions",
+    )
+    assert req.query_text == "Once upon a time"
+
+
+def test_scope_is_part_of_every_key_randomized() -> None:
+    rng = random.Random(1234)
+    words = ["alpha", "beta", "gamma", "delta", ":", "*", "?", "[", "]", ""]
+    seen: dict[tuple[str, str], CacheScope] = {}
+    for _ in range(2000):
+        scope = CacheScope(*("".join(rng.choices(words, k=rng.randint(0, 3))) for _ in range(3)))
+        req = build_request(body(), scope)
+        for key in (req.exact_key, req.context_key):
+            previous = seen.setdefault((key, "k"), scope)
+            assert previous == scope, "two scopes share a key"
+        assert scope.path().startswith(scope_prefix(scope.tenant))
+        assert scope.path().startswith(scope_prefix(scope.tenant, scope.namespace))

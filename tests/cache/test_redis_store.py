@@ -1,0 +1,161 @@
+"""RedisStore against a real redis-server: sharing, scope, TTL, eviction, outage."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from cache.config import CachePolicy, SemanticCacheConfig
+from cache.redis_store import RedisStore
+from cache.semantic import ResponseCache
+from tests.cache.conftest import HashingEmbedder, RedisServer
+from tests.cache.test_semantic import answer, chat
+
+pytestmark = pytest.mark.redis
+
+POLICY = CachePolicy(semantic=SemanticCacheConfig(gate="cosine", threshold=0.8))
+WHO = {"tenant": "t1", "model_alias": "m", "surface": "chat"}
+
+
+async def instance(server: RedisServer, **kwargs: float) -> ResponseCache:
+    store = RedisStore(server.url, timeout_s=0.5, retry_after_s=0.2, block_ms=100, **kwargs)
+    cache = ResponseCache(store, None)
+    await cache.start()
+    return cache
+
+
+async def put(cache: ResponseCache, emb: HashingEmbedder, q: str, a: str, **who: str) -> None:
+    plan = cache.plan(chat(q), POLICY, **{**WHO, **who})
+    await cache.fill(plan, POLICY, answer(a), emb.embed_sync([q])[0])
+
+
+async def get(cache: ResponseCache, emb: HashingEmbedder, q: str, **who: str) -> str | None:
+    plan = cache.plan(chat(q), POLICY, **{**WHO, **who})
+    hit = await cache.lookup(plan, POLICY, emb.embed_sync([q])[0])
+    if hit is None:
+        return None
+    content: str = json.loads(hit.response)["choices"][0]["message"]["content"]
+    return f"{hit.kind}:{content}"
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0) -> None:
+    """Wait for state another task produces (the stream follower), with a deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+async def test_second_instance_sees_entries_of_the_first(
+    redis_server: RedisServer, embedder: HashingEmbedder
+) -> None:
+    a = await instance(redis_server)
+    await put(a, embedder, "how do I reset my password", "click reset")
+    # Started after the store: finds the entry through its start-up load.
+    b = await instance(redis_server)
+    assert len(b.index) == 1
+    assert await get(b, embedder, "how do I reset my password") == "exact:click reset"
+    assert await get(b, embedder, "how do I reset my password now") == "semantic:click reset"
+    # Running while the first stores: learns the entry from the event stream.
+    await put(a, embedder, "where is my order", "in transit")
+
+    async def b_has_it() -> bool:
+        return await get(b, embedder, "where is my order today") == "semantic:in transit"
+
+    await eventually(b_has_it)
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_scope_isolation_and_purge_across_instances(
+    redis_server: RedisServer, embedder: HashingEmbedder
+) -> None:
+    a = await instance(redis_server)
+    b = await instance(redis_server)
+    await put(a, embedder, "what is our refund policy", "30 days", tenant="acme")
+    await put(a, embedder, "what is our refund policy", "no refunds", tenant="globex")
+    await eventually(lambda: _ready(len(b.index) == 2))
+    assert await get(b, embedder, "what is our refund policy please", tenant="acme") == (
+        "semantic:30 days"
+    )
+    assert await get(b, embedder, "what is our refund policy please", tenant="globex") == (
+        "semantic:no refunds"
+    )
+    assert await get(b, embedder, "what is our refund policy", tenant="initech") is None
+    assert await b.purge("acme") == 2
+    await eventually(lambda: _ready(len(a.index) == 1))
+    assert await get(a, embedder, "what is our refund policy", tenant="acme") is None
+    assert await get(a, embedder, "what is our refund policy", tenant="globex") == (
+        "exact:no refunds"
+    )
+    await a.aclose()
+    await b.aclose()
+
+
+async def _ready(value: bool) -> bool:
+    return value
+
+
+async def test_ttl_expiry(redis_server: RedisServer, embedder: HashingEmbedder) -> None:
+    short = CachePolicy(
+        exact_ttl=1, semantic=SemanticCacheConfig(gate="cosine", threshold=0.8, ttl=1)
+    )
+    cache = await instance(redis_server)
+    plan = cache.plan(chat("short lived question"), short, **WHO)
+    vec = embedder.embed_sync(["short lived question"])[0]
+    await cache.fill(plan, short, answer("soon gone"), vec)
+    assert await cache.lookup(plan, short, vec) is not None
+    await asyncio.sleep(1.2)  # the TTL itself is what is under test
+    assert await cache.lookup(plan, short, vec) is None
+    await cache.aclose()
+
+
+async def test_max_entries_evicts_oldest_everywhere(
+    redis_server: RedisServer, embedder: HashingEmbedder
+) -> None:
+    small = CachePolicy(
+        exact=False, semantic=SemanticCacheConfig(gate="cosine", threshold=0.95, max_entries=2)
+    )
+    a = await instance(redis_server)
+    b = await instance(redis_server)
+    for i, q in enumerate(["alpha question", "beta question", "gamma question"]):
+        plan = a.plan(chat(q), small, **WHO)
+        await a.fill(plan, small, answer(str(i)), embedder.embed_sync([q])[0])
+    await eventually(lambda: _ready(len(b.index) == 2))
+    plan = b.plan(chat("alpha question"), small, **WHO)
+    assert await b.lookup(plan, small, embedder.embed_sync(["alpha question"])[0]) is None
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_redis_killed_mid_run_degrades_to_misses_then_recovers(
+    redis_server: RedisServer, embedder: HashingEmbedder, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = await instance(redis_server)
+    await put(cache, embedder, "what are your opening hours", "9 to 5")
+    assert await get(cache, embedder, "what are your opening hours") == "exact:9 to 5"
+
+    redis_server.stop()
+    for _ in range(20):  # neither lookups nor fills raise; each is bounded in time
+        started = time.monotonic()
+        assert await get(cache, embedder, "what are your opening hours") is None
+        await put(cache, embedder, "another question", "another answer")
+        assert time.monotonic() - started < 2.0
+    assert cache.stats.unavailable >= 20
+    warnings = [r for r in caplog.records if "unavailable" in r.getMessage()]
+    assert len(warnings) == 1  # logged once, not per request
+
+    redis_server.start()  # same port, empty: the old entries are gone
+
+    async def works_again() -> bool:
+        await put(cache, embedder, "what are your opening hours", "8 to 6")
+        return await get(cache, embedder, "what are your opening hours") == "exact:8 to 6"
+
+    await eventually(works_again)
+    assert await get(cache, embedder, "what are your opening hours today") == "semantic:8 to 6"
+    await cache.aclose()

@@ -1,0 +1,230 @@
+"""The cache stage through the real gateway: real Redis, the official openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.cache.conftest import RedisServer, free_port
+from tests.conftest import FakeFactory, GatewayFactory, RunningGateway
+
+QUESTION: Any = [{"role": "user", "content": "What is the boiling point of water at sea level?"}]
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed: run `make redis-server`")
+    server = RedisServer(binary, free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def policy(url: str, cache: str, store: str = "", tenants: str = "") -> str:
+    return f"""
+backends:
+  up: {{kind: vllm, replicas: ["{url}"], health: {{interval_s: 60}}, routing: {{strategy: least_loaded, scrape_interval_s: 0}}}}
+models:
+  m: {{backend: up, model: fake-model}}
+surfaces:
+  chat:
+    match: {{header: chat}}
+    cache: {cache}
+{store}
+{tenants}
+"""
+
+
+async def ask(
+    gw: RunningGateway, messages: Any = QUESTION, **kwargs: Any
+) -> tuple[str, str | None]:
+    headers = {"X-Surface": "chat", **kwargs.pop("extra_headers", {})}
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="m", messages=messages, temperature=0, extra_headers=headers, **kwargs
+    )
+    reply = raw.parse()
+    await gw.gateway.cache.drain()  # type: ignore[union-attr]
+    return reply.choices[0].message.content or "", raw.headers.get("x-gateway-cache")
+
+
+async def test_exact_hit_skips_the_upstream_and_replays_as_stream(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake(chunks=3)
+    gw = await make_gateway(policy(up.url, "{exact: true}"))
+    assert await ask(gw) == ("hello from the fake upstream", "miss")
+    text, kind = await ask(gw)
+    assert (text, kind) == ("hello from the fake upstream", "exact")
+    assert len(up.fake.requests) == 1
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="m",
+        messages=QUESTION,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"X-Surface": "chat"},
+    )
+    assert raw.headers["x-gateway-cache"] == "exact"
+    chunks = [c async for c in raw.parse()]
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == "hello from the fake upstream"
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 0
+    assert len(up.fake.requests) == 1
+
+
+async def test_streamed_answers_are_stored_and_only_complete_ones(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake(chunks=4)
+    gw = await make_gateway(policy(up.url, "{exact: true}"))
+    up.fake.queue("midstream_drop")
+    stream = await gw.client.chat.completions.create(
+        model="m",
+        messages=QUESTION,
+        temperature=0,
+        stream=True,
+        extra_headers={"X-Surface": "chat"},
+    )
+    with pytest.raises(Exception, match="upstream"):
+        async for _ in stream:
+            pass
+    await gw.gateway.cache.drain()  # type: ignore[union-attr]
+    stream = await gw.client.chat.completions.create(
+        model="m",
+        messages=QUESTION,
+        temperature=0,
+        stream=True,
+        extra_headers={"X-Surface": "chat"},
+    )
+    assert (
+        "".join([c.choices[0].delta.content or "" async for c in stream]) == "tok0 tok1 tok2 tok3 "
+    )
+    await gw.gateway.cache.drain()  # type: ignore[union-attr]
+    assert len(up.fake.requests) == 2  # the truncated stream was not stored
+    text, kind = await ask(gw)
+    assert (text, kind) == ("tok0 tok1 tok2 tok3 ", "exact")
+    assert len(up.fake.requests) == 2
+
+
+async def test_cache_control_temperature_and_other_surfaces(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(policy(up.url, "{exact: true}"))
+    await ask(gw, extra_headers={"Cache-Control": "no-store"})
+    assert (await ask(gw))[1] == "miss"  # no-store: nothing was kept
+    assert (await ask(gw, extra_headers={"Cache-Control": "no-cache"}))[1] == "miss"
+    assert (await ask(gw))[1] == "exact"
+    hot: Any = [{"role": "user", "content": "Write a poem."}]
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="m", messages=hot, temperature=0.9, extra_headers={"X-Surface": "chat"}
+    )
+    await gw.gateway.cache.drain()  # type: ignore[union-attr]
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="m", messages=hot, temperature=0.9, extra_headers={"X-Surface": "chat"}
+    )
+    assert raw.headers["x-gateway-cache"] == "miss"  # temperature > 0 is not cached
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="m", messages=QUESTION, temperature=0
+    )
+    assert "x-gateway-cache" not in raw.headers  # the default surface has no cache
+
+
+async def test_tenants_never_share_entries(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    redis: RedisServer,
+) -> None:
+    monkeypatch.setenv("CACHE_TEST_KEY_A", "tenant-a-key-1")
+    monkeypatch.setenv("CACHE_TEST_KEY_B", "tenant-b-key-1")
+    up = await make_fake()
+    tenants = """tenants:
+  a: {api_keys: ["${CACHE_TEST_KEY_A}"]}
+  b: {api_keys: ["${CACHE_TEST_KEY_B}"]}
+"""
+    store = f'cache_store: {{redis_url: "{redis.url}"}}'
+    gw_a = await make_gateway(
+        policy(up.url, "{exact: true}", store, tenants), api_key="tenant-a-key-1"
+    )
+    gw_b = await make_gateway(
+        policy(up.url, "{exact: true}", store, tenants), api_key="tenant-b-key-1"
+    )
+    assert (await ask(gw_a))[1] == "miss"
+    assert (await ask(gw_a))[1] == "exact"
+    assert (await ask(gw_b))[1] == "miss"  # same question, same Redis, other tenant
+    assert len(up.fake.requests) == 2
+
+
+async def test_two_gateways_share_redis_and_survive_its_death(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, redis: RedisServer
+) -> None:
+    up = await make_fake()
+    store = f'cache_store: {{redis_url: "{redis.url}", timeout_ms: 50}}'
+    first = await make_gateway(policy(up.url, "{exact: true}", store))
+    second = await make_gateway(policy(up.url, "{exact: true}", store))
+    assert (await ask(first))[1] == "miss"
+    assert (await ask(second))[1] == "exact"  # stored by the other instance
+    redis.stop()
+    for i in range(5):  # Redis is gone: every request still answers, as a miss
+        text, kind = await ask(first, messages=[{"role": "user", "content": f"q{i}"}])
+        assert text == "hello from the fake upstream"
+        assert kind == "miss"
+    redis.start()
+    for _ in range(100):  # the store notices Redis is back within its retry interval
+        await ask(first, messages=[{"role": "user", "content": "after"}])
+        if (await ask(first, messages=[{"role": "user", "content": "after"}]))[1] == "exact":
+            break
+        await asyncio.sleep(0.1)
+    assert (await ask(first, messages=[{"role": "user", "content": "after"}]))[1] == "exact"
+    async with aiohttp.ClientSession() as s, s.get(first.root + "/metrics") as r:
+        text = await r.text()
+    assert 'llm_gateway_cache_events_total{event="unavailable"}' in text
+
+
+async def test_admin_purge(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+    up = await make_fake()
+    gw = await make_gateway(policy(up.url, "{exact: true}"))
+    await ask(gw)
+    assert (await ask(gw))[1] == "exact"
+    async with aiohttp.ClientSession() as s:
+        async with s.delete(gw.root + "/admin/cache") as r:
+            assert r.status == 400
+        async with s.delete(gw.root + "/admin/cache", params={"tenant": "anonymous"}) as r:
+            assert r.status == 200
+            assert (await r.json())["purged"] >= 1
+    assert (await ask(gw))[1] == "miss"
+
+
+async def test_semantic_hit_on_a_paraphrase_and_not_on_a_different_number(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(policy(up.url, "{exact: true, semantic: {}}"))
+    await ask(gw, messages=[{"role": "user", "content": "How do I reset my password?"}])
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="m",
+        temperature=0,
+        extra_headers={"X-Surface": "chat"},
+        messages=[{"role": "user", "content": "How can I reset my password?"}],
+    )
+    assert raw.headers["x-gateway-cache"] == "semantic"
+    assert float(raw.headers["x-gateway-cache-similarity"]) > 0.8
+    await ask(
+        gw, messages=[{"role": "user", "content": "What was the population of France in 1990?"}]
+    )
+    _, kind = await ask(
+        gw, messages=[{"role": "user", "content": "What was the population of France in 2010?"}]
+    )
+    assert kind == "miss"
+    assert len(up.fake.requests) == 3
