@@ -13,16 +13,16 @@ export TRANSFORMERS_OFFLINE := 1
 .PHONY: demo test install install-dev vllm-env redis-server litellm-env lint typecheck \
         test-fast bench-overhead bench-routing bench-cache clean
 
-# Core: the gateway alone (what `make demo` needs besides vLLM).
+# The gateway with its semantic cache (what `make demo` needs besides vLLM). torch is pinned
+# to the local CPU wheel first, so nothing pulls a CUDA build.
 $(VENV)/.core: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[cache]'
 	touch $@
 
-# Everything: the cache and routing extras (torch pinned to the local CPU wheel first, so
-# nothing pulls a CUDA build), and the test and lint tools.
+# Everything: plus the routing-training extra and the test and lint tools.
 $(VENV)/.all: $(VENV)/.core pyproject.toml
-	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,cache,routing]'
 	touch $@
 
