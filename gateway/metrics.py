@@ -103,6 +103,12 @@ class GatewayMetrics:
             ["surface"],
             registry=self.registry,
         )
+        self.tiers = Counter(
+            "llm_gateway_tier_decisions",
+            "Tiered models: route decisions (small, large) and cascade verdicts (kept, escalated)",
+            ["model", "mode", "outcome"],
+            registry=self.registry,
+        )
         self.registry.register(_ReplicaCollector(replicas))
         self._children: dict[tuple[str, ...], Any] = {}
 

@@ -21,6 +21,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocol import Endpoint, ParsedRequest, parse_request
 from gateway.relay import RelayResult, StreamPlan, relay_body, relay_stream
 from gateway.runtime import Runtime, SurfacePlan
+from gateway.tiers import TierChoice, TierStage
 from gateway.upstream import FORWARDED_HEADERS, UpstreamClient
 from policies.admission import AdmissionRejected, Ticket
 from policies.genai_response import ResponseSummary, StreamSummarizer, summarize_body
@@ -49,6 +50,7 @@ class Orchestrator:
         cache: CacheStage | None = None,
     ) -> None:
         self.opener = AttemptOpener(client, metrics)
+        self.tiers = TierStage(self.opener, metrics)
         self.metrics = metrics
         self.telemetry = telemetry
         self.slo = slo
@@ -77,9 +79,9 @@ class Orchestrator:
         try:
             # 4. which backends may serve the model: the primary, then its fallbacks
             targets = rt.targets(parsed.model)
+            query = QueryEmbedding(self.embedder, last_user_text(parsed))
             # 5. cache: exact, then semantic; a hit is replayed and the request ends here
             cache_plan = None
-            query = QueryEmbedding(self.embedder, last_user_text(parsed))
             if self.cache is not None and plan.cache is not None:
                 cache_plan = self.cache.plan(request, parsed, plan.cache, tenant, plan.name)
                 with span.child("gateway.cache.lookup"):
@@ -90,30 +92,61 @@ class Orchestrator:
                     request[STATUS_KEY] = status
                     self.slo.observe(plan.name, RequestTiming(_ms_since(started)))
                     return await replay(request, parsed, hit, {"x-gateway-surface": plan.name})
-            # 6. admission: wait in priority order while the pool is saturated
+            # 6. tiered aliases: the small or the large tier by difficulty, or a cascade
+            tier = None
+            tiered = rt.tiered(parsed.model)
+            if tiered is not None:
+                tier = await self.tiers.choose(rt, parsed, tiered, query)
+                targets = tier.targets
+                span.decision(_tier_attributes(tier))
+            # 7. admission: wait in priority order while the pool is saturated
             ticket = await self.admit(targets[0].pool, plan, started, span)
             try:
-                # 7. choose a replica and open the upstream (retries, fallbacks, hedging)
                 open_req = _open_request(request, parsed, tenant, plan, span, started)
-                attempt = await self.opener.open(rt, open_req, targets)
+                capture = StreamCapture() if _fills(cache_plan) and parsed.stream else None
+                if tier is not None and tier.cascade:
+                    # 8-9. small tier first, held to the commit point, kept or escalated
+                    outcome = await self.tiers.cascade(
+                        request, rt, open_req, tier, _tier_headers(plan, tier)
+                    )
+                    attempt, response, result = outcome.attempt, outcome.response, outcome.result
+                    attempt.guard.release()
+                    attempt.span.end("ok" if result.status < 400 else "error")
+                    if outcome.verdict is not None:
+                        span.decision(
+                            {
+                                "cascade.escalated": outcome.verdict.escalate,
+                                "cascade.reason": outcome.verdict.reason,
+                                "cascade.score": round(outcome.verdict.score, 4),
+                            }
+                        )
+                else:
+                    # 8. choose a replica and open the upstream (retries, fallbacks, hedging)
+                    attempt = await self.opener.open(rt, open_req, targets)
+                    # 9. relay the answer as it arrives
+                    response, result = await self.relay(
+                        request,
+                        parsed,
+                        plan,
+                        attempt,
+                        span,
+                        open_req.deadline,
+                        capture,
+                        _tier_headers(plan, tier) if tier is not None else None,
+                    )
                 request[LABELS_KEY] = (
                     parsed.model,
                     attempt.target.pool.name,
                     attempt.decision.replica.name,
-                )
-                # 8. relay the answer as it arrives
-                capture = StreamCapture() if _fills(cache_plan) and parsed.stream else None
-                response, result = await self.relay(
-                    request, parsed, plan, attempt, span, open_req.deadline, capture
                 )
             finally:
                 if ticket is not None:
                     ticket.release()
             status = result.status
             request[STATUS_KEY] = status
-            # 9. record: latency per replica, the surface's SLO, the span's outcome
+            # 10. record: latency per replica, the surface's SLO, the span's outcome
             self.record(rt, plan, attempt, result, started, span, parsed.model)
-            # 10. cache fill, in the background, of a complete and successful answer
+            # 11. cache fill, in the background, of a complete and successful answer
             if result.status == 200 and not result.deadline_hit:
                 self.fill_cache(plan, cache_plan, capture, result, query)
             return response
@@ -165,9 +198,11 @@ class Orchestrator:
         span: RequestSpan,
         deadline: float | None,
         capture: StreamCapture | None = None,
+        more_headers: dict[str, str] | None = None,
     ) -> tuple[web.StreamResponse, RelayResult]:
         pool, replica = attempt.target.pool, attempt.decision.replica
         extra = {
+            **(more_headers or {}),
             "x-gateway-replica": f"{pool.name}/{replica.name}",
             "x-gateway-route-reason": attempt.decision.reason,
             "x-gateway-prefix-match": str(attempt.decision.matched_prefix),
@@ -255,6 +290,23 @@ class Orchestrator:
             span.budget_breach("itl", budget.itl_ms, itl_ms)
         if verdict.total and budget.total_ms is not None:
             span.budget_breach("total", budget.total_ms, timing.total_ms)
+
+
+def _tier_headers(plan: SurfacePlan, tier: TierChoice) -> dict[str, str]:
+    return {
+        "x-gateway-surface": plan.name,
+        "x-gateway-tier": tier.name,
+        "x-gateway-difficulty": f"{tier.score:.4f}",
+    }
+
+
+def _tier_attributes(tier: TierChoice) -> dict[str, str | float | None]:
+    return {
+        "tier": tier.name,
+        "tier.mode": tier.config.mode,
+        "tier.difficulty": round(tier.score, 4),
+        "tier.threshold": round(tier.threshold, 4),
+    }
 
 
 def _fills(plan: CachePlan | None) -> bool:

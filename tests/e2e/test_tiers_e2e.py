@@ -1,0 +1,126 @@
+"""Tiered model aliases through the real gateway: route by difficulty, and the cascade."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+
+from tests.conftest import FakeFactory, GatewayFactory, RunningFake
+
+MESSAGES: Any = [{"role": "user", "content": "Tom has 3 boxes of 4 apples. How many apples?"}]
+GOOD = "3 boxes x 4 apples = 12 apples. #### 12"
+
+
+def policy(small: RunningFake, large: RunningFake, tier: str) -> str:
+    return f"""
+backends:
+  small: {{kind: vllm, replicas: ["{small.url}"], health: {{interval_s: 60}}, routing: {{strategy: least_loaded, scrape_interval_s: 0}}}}
+  large: {{kind: openai, base_url: "{large.url}"}}
+models:
+  auto:
+    tiers: [small, {{backend: large, model: big-model}}]
+    {tier}
+"""
+
+
+async def test_route_mode_follows_the_threshold(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+    small, large = await make_fake(reply="small"), await make_fake(reply="large")
+    everything_large = await make_gateway(policy(small, large, "mode: route\n    threshold: -1.0"))
+    raw = await everything_large.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
+    assert raw.headers["x-gateway-tier"] == "large"
+    assert raw.parse().choices[0].message.content == "large"
+    assert large.fake.requests[-1].body["model"] == "big-model"
+    score = float(raw.headers["x-gateway-difficulty"])
+    assert -1.0 <= score <= 1.0
+    nothing_large = await make_gateway(policy(small, large, "mode: route\n    threshold: 1.0"))
+    raw = await nothing_large.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
+    assert raw.headers["x-gateway-tier"] == "small"
+    assert len(small.fake.requests) == 1 and len(large.fake.requests) == 1
+    # The shipped threshold splits real prompts: an easy one and a hard one differ in score.
+    shipped = await make_gateway(policy(small, large, "mode: route"))
+    easy = await shipped.client.chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": "What is 2 + 2?"}]
+    )
+    hard = await shipped.client.chat.completions.with_raw_response.create(
+        model="auto",
+        messages=[{"role": "user", "content": "A train leaves at 3:15 pm at 48 km/h; a second leaves "
+                   "the same station 40 minutes later at 64 km/h. At what time, to the minute, does "
+                   "the second catch the first, and how far from the station?"}],
+    )
+    assert float(easy.headers["x-gateway-difficulty"]) != float(hard.headers["x-gateway-difficulty"])
+
+
+async def test_cascade_keeps_a_good_small_answer_and_streams_it(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    small, large = await make_fake(reply=GOOD), await make_fake(reply="large")
+    gw = await make_gateway(policy(small, large, "mode: cascade\n    threshold: 1.0"))
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="auto", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+    )
+    assert raw.headers["x-gateway-cascade"] == "kept"
+    assert raw.headers["x-gateway-tier"] == "small"
+    chunks = [c async for c in raw.parse()]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == GOOD
+    assert chunks[-1].usage is not None
+    assert small.fake.requests[-1].body.get("stream") is None  # asked whole, not streamed
+    assert large.fake.requests == []
+
+
+async def test_cascade_escalates_and_the_client_sees_only_the_large_stream(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    small, large = await make_fake(reply="I am not sure."), await make_fake(chunks=3)
+    gw = await make_gateway(policy(small, large, "mode: cascade\n    threshold: -1.0"))
+    raw = await gw.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES, stream=True)
+    assert raw.headers["x-gateway-cascade"] == "escalated"
+    assert raw.headers["x-gateway-tier"] == "large"
+    assert float(raw.headers["x-gateway-escalation-ms"]) >= 0
+    texts = [c.choices[0].delta.content async for c in raw.parse() if c.choices]
+    assert texts == ["tok0 ", "tok1 ", "tok2 "]
+    assert len(small.fake.requests) == 1 and len(large.fake.requests) == 1
+
+
+async def test_empty_small_answer_always_escalates(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+    small, large = await make_fake(reply=""), await make_fake(reply="large answer")
+    gw = await make_gateway(policy(small, large, "mode: cascade\n    threshold: 1.0"))
+    r = await gw.client.chat.completions.create(model="auto", messages=MESSAGES)
+    assert r.choices[0].message.content == "large answer"
+
+
+@pytest.mark.parametrize(("threshold", "expected"), [(1.0, "small"), (-1.0, "large")])
+async def test_commit_point_holds_tokens_until_the_verdict(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, threshold: float, expected: str
+) -> None:
+    small = await make_fake(chunks=6, chunk_interval_ms=5)
+    large = await make_fake(chunks=2, reply="x")
+    tier = f"mode: cascade\n    threshold: {threshold}\n    commit: {{tokens: 3}}"
+    gw = await make_gateway(policy(small, large, tier))
+    raw = await gw.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES, stream=True)
+    texts = [c.choices[0].delta.content async for c in raw.parse() if c.choices]
+    assert raw.headers["x-gateway-tier"] == expected
+    if expected == "small":
+        assert texts == [f"tok{i} " for i in range(6)]  # held chunks released, rest relayed
+    else:
+        assert texts == ["tok0 ", "tok1 "]  # none of the small tokens reached the client
+        assert small.fake.disconnected == 1  # the small stream was closed at the verdict
+
+
+async def test_large_tier_failure_falls_back_to_the_small_answer(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    small, large = await make_fake(reply="maybe 12"), await make_fake()
+    large.fake.queue("status:503", "status:503")
+    gw = await make_gateway(policy(small, large, "mode: cascade\n    threshold: -1.0"))
+    raw = await gw.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
+    assert raw.headers["x-gateway-tier-fallback"] == "small"
+    assert raw.parse().choices[0].message.content == "maybe 12"
+    no_fallback = await make_gateway(
+        policy(small, large, "mode: cascade\n    threshold: -1.0\n    fallback_to_small: false")
+    )
+    large.fake.queue("status:503", "status:503")
+    with pytest.raises(openai.APIStatusError) as info:
+        await no_fallback.client.chat.completions.create(model="auto", messages=MESSAGES)
+    assert info.value.status_code == 502
