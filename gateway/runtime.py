@@ -77,6 +77,10 @@ class Runtime:
                 self._tenants_by_digest[digest] = name
         self._surface_by_header: dict[str, SurfacePlan] = {}
         self._surface_by_tenant: dict[str, SurfacePlan] = {}
+        default = policy.surfaces.get("default")
+        self._default_surface = (
+            SurfacePlan.build("default", default, self.latency) if default else _DEFAULT_SURFACE
+        )
         for sname, surface in policy.surfaces.items():
             choice = SurfacePlan.build(sname, surface, self.latency)
             if surface.match.header is not None:
@@ -106,7 +110,7 @@ class Runtime:
             choice = self._surface_by_header.get(header_value)
             if choice is not None:
                 return choice
-        return self._surface_by_tenant.get(tenant, _DEFAULT_SURFACE)
+        return self._surface_by_tenant.get(tenant, self._default_surface)
 
     # --- which model ---------------------------------------------------------------------
     def targets(self, alias: str) -> list[Target]:

@@ -15,10 +15,14 @@ token (saved up to ``burst``), each hedge spends one, so hedges never exceed
 ``max_fraction x requests``; ``burst`` only lets unused allowance of quiet periods serve a
 cluster of late requests.
 
-``hedge_delay_s`` implements ``delay_ms: auto``: the replica's recent TTFT p95, no longer than
-the typical healthy peer's p90 (the median of the *other* replicas' p90s: what a fresh attempt
-elsewhere usually takes; a replica that turned slow would otherwise wait for its own slow p95
-before hedging, and a hedge costs the delay plus a fresh TTFT), and never past the TTFT budget.
+``hedge_delay_s`` implements ``delay_ms: auto``, from what a fresh attempt elsewhere usually
+takes (the median over the *other* replicas of their recent TTFT quantiles; the median ignores
+one sick peer): the replica's recent TTFT p95, no longer than the typical peer's p90, and
+never past the TTFT budget. A replica that turned slow would otherwise wait for its own slow
+p95 before hedging, and a hedge costs the delay plus a fresh TTFT. A primary known to be slow
+(its recent p50 over ``SLOW_RATIO`` times the typical peer's p50) waits only the typical p50:
+its hedge will be needed anyway, and by then half of a healthy replica's answers have come,
+so a replica that recovered still wins its races and shows it.
 
 ``worth_hedging`` spends a token only where a hedge can win: at the delay, the primary's
 expected remaining wait (the median of its recent TTFTs that were longer than the time
@@ -47,6 +51,9 @@ from policies.latency import ReplicaLatency, queue_of
 from routing.replica import Replica
 
 T = TypeVar("T")
+
+# A primary whose recent TTFT p50 is over this many times the typical peer's is known slow.
+SLOW_RATIO = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,9 +174,16 @@ def hedge_delay_s(
         return None
     if config.delay_ms != "auto":
         return float(config.delay_ms) / 1000.0
-    own = latency.ttft_p95_ms(replica_key)
-    typical = typical_ttft_ms(latency, replica_key, peers, 0.90)
-    candidates = [v for v in (own, typical, ttft_budget_ms) if v is not None]
+    typical_p50 = typical_ttft_ms(latency, replica_key, peers, 0.5)
+    own_p50 = latency.ttft_p50_ms(replica_key)
+    if own_p50 is not None and typical_p50 is not None and own_p50 > SLOW_RATIO * typical_p50:
+        candidates = [typical_p50]
+    else:
+        own = latency.ttft_p95_ms(replica_key)
+        typical = typical_ttft_ms(latency, replica_key, peers, 0.9)
+        candidates = [v for v in (own, typical) if v is not None]
+    if ttft_budget_ms is not None:
+        candidates.append(ttft_budget_ms)
     if not candidates:
         return None  # nothing observed yet and no budget: no basis for a delay
     return max(min(candidates), config.min_delay_ms) / 1000.0

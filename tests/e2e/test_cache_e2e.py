@@ -228,3 +228,19 @@ async def test_semantic_hit_on_a_paraphrase_and_not_on_a_different_number(
     )
     assert kind == "miss"
     assert len(up.fake.requests) == 3
+
+
+async def test_a_surface_named_default_applies_when_nothing_else_matches(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(
+        policy(up.url, "{exact: true}").replace("  chat:\n    match: {header: chat}\n", "  default:\n")
+    )
+    for expected in ("miss", "exact"):
+        raw = await gw.client.chat.completions.with_raw_response.create(
+            model="m", messages=QUESTION, temperature=0
+        )
+        await gw.gateway.cache.drain()  # type: ignore[union-attr]
+        assert raw.headers["x-gateway-cache"] == expected
+        assert raw.headers["x-gateway-surface"] == "default"
