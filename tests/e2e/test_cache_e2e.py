@@ -235,7 +235,9 @@ async def test_a_surface_named_default_applies_when_nothing_else_matches(
 ) -> None:
     up = await make_fake()
     gw = await make_gateway(
-        policy(up.url, "{exact: true}").replace("  chat:\n    match: {header: chat}\n", "  default:\n")
+        policy(up.url, "{exact: true}").replace(
+            "  chat:\n    match: {header: chat}\n", "  default:\n"
+        )
     )
     for expected in ("miss", "exact"):
         raw = await gw.client.chat.completions.with_raw_response.create(

@@ -25,17 +25,23 @@ models:
 """
 
 
-async def test_route_mode_follows_the_threshold(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+async def test_route_mode_follows_the_threshold(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
     small, large = await make_fake(reply="small"), await make_fake(reply="large")
     everything_large = await make_gateway(policy(small, large, "mode: route\n    threshold: -1.0"))
-    raw = await everything_large.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
+    raw = await everything_large.client.chat.completions.with_raw_response.create(
+        model="auto", messages=MESSAGES
+    )
     assert raw.headers["x-gateway-tier"] == "large"
     assert raw.parse().choices[0].message.content == "large"
     assert large.fake.requests[-1].body["model"] == "big-model"
     score = float(raw.headers["x-gateway-difficulty"])
     assert -1.0 <= score <= 1.0
     nothing_large = await make_gateway(policy(small, large, "mode: route\n    threshold: 1.0"))
-    raw = await nothing_large.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
+    raw = await nothing_large.client.chat.completions.with_raw_response.create(
+        model="auto", messages=MESSAGES
+    )
     assert raw.headers["x-gateway-tier"] == "small"
     assert len(small.fake.requests) == 1 and len(large.fake.requests) == 1
     # The shipped threshold splits real prompts: an easy one and a hard one differ in score.
@@ -45,11 +51,18 @@ async def test_route_mode_follows_the_threshold(make_fake: FakeFactory, make_gat
     )
     hard = await shipped.client.chat.completions.with_raw_response.create(
         model="auto",
-        messages=[{"role": "user", "content": "A train leaves at 3:15 pm at 48 km/h; a second leaves "
-                   "the same station 40 minutes later at 64 km/h. At what time, to the minute, does "
-                   "the second catch the first, and how far from the station?"}],
+        messages=[
+            {
+                "role": "user",
+                "content": "A train leaves at 3:15 pm at 48 km/h; a second leaves "
+                "the same station 40 minutes later at 64 km/h. At what time, to the minute, does "
+                "the second catch the first, and how far from the station?",
+            }
+        ],
     )
-    assert float(easy.headers["x-gateway-difficulty"]) != float(hard.headers["x-gateway-difficulty"])
+    assert float(easy.headers["x-gateway-difficulty"]) != float(
+        hard.headers["x-gateway-difficulty"]
+    )
 
 
 async def test_cascade_keeps_a_good_small_answer_and_streams_it(
@@ -74,7 +87,9 @@ async def test_cascade_escalates_and_the_client_sees_only_the_large_stream(
 ) -> None:
     small, large = await make_fake(reply="I am not sure."), await make_fake(chunks=3)
     gw = await make_gateway(policy(small, large, "mode: cascade\n    threshold: -1.0"))
-    raw = await gw.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES, stream=True)
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="auto", messages=MESSAGES, stream=True
+    )
     assert raw.headers["x-gateway-cascade"] == "escalated"
     assert raw.headers["x-gateway-tier"] == "large"
     assert float(raw.headers["x-gateway-escalation-ms"]) >= 0
@@ -83,7 +98,9 @@ async def test_cascade_escalates_and_the_client_sees_only_the_large_stream(
     assert len(small.fake.requests) == 1 and len(large.fake.requests) == 1
 
 
-async def test_empty_small_answer_always_escalates(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+async def test_empty_small_answer_always_escalates(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
     small, large = await make_fake(reply=""), await make_fake(reply="large answer")
     gw = await make_gateway(policy(small, large, "mode: cascade\n    threshold: 1.0"))
     r = await gw.client.chat.completions.create(model="auto", messages=MESSAGES)
@@ -98,7 +115,9 @@ async def test_commit_point_holds_tokens_until_the_verdict(
     large = await make_fake(chunks=2, reply="x")
     tier = f"mode: cascade\n    threshold: {threshold}\n    commit: {{tokens: 3}}"
     gw = await make_gateway(policy(small, large, tier))
-    raw = await gw.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES, stream=True)
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="auto", messages=MESSAGES, stream=True
+    )
     texts = [c.choices[0].delta.content async for c in raw.parse() if c.choices]
     assert raw.headers["x-gateway-tier"] == expected
     if expected == "small":

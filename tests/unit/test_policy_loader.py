@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from policies.loader import PolicyError, load_policy, parse_policy
-from policies.schema import OpenAIBackend, VllmBackend
+from policies.schema import ModelRoute, OpenAIBackend, VllmBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "policies/examples"
@@ -57,7 +57,9 @@ def test_good_policy_loads_typed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(pool, VllmBackend)
     assert pool.replicas[1] == "http://127.0.0.1:8002/v1"
     assert isinstance(p.backends["ext"], OpenAIBackend)
-    assert [t.backend for t in p.models["large"].fallbacks] == ["pool", "pool"]
+    large = p.models["large"]
+    assert isinstance(large, ModelRoute)
+    assert [t.backend for t in large.fallbacks] == ["pool", "pool"]
     assert p.tenants["a"].api_keys == ["secret-key-a"]
     assert p.surfaces["voice"].budget.percentile == 99.0
 
