@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, cast, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -83,7 +83,7 @@ def parse_target(text: str) -> Target:
         raise ValueError(f"target value is not a number: {raw!r}") from exc
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must lie in [0, 1], got {value}")
-    return Target(cast(TargetKind, name), value)
+    return Target(name, value)
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ class CalibrationTable:
     def to_json(self) -> dict[str, list[float]]:
         return {
             "large_fraction": list(self.large_fraction),
-            "threshold": [_round(v) for v in self.threshold],
+            "threshold": list(self.threshold),  # exact: a threshold may sit just above a score
             "pgr": [round(v, 4) for v in self.pgr],
         }
 
@@ -237,8 +237,3 @@ class CalibrationTable:
         if not (len(table.large_fraction) == len(table.threshold) == len(table.pgr) > 0):
             raise ValueError("calibration table columns differ in length")
         return table
-
-
-def _round(value: float) -> float:
-    # Thresholds must keep their exact value (they sit on a score); 9 significant digits do.
-    return float(f"{value:.9g}")

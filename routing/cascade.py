@@ -92,12 +92,17 @@ _NUM = r"-?\d[\d,]*(?:\.\d+)?"
 _FINAL_PATTERNS = (
     re.compile(r"####\s*\$?\s*(" + _NUM + r")?"),
     re.compile(r"\\boxed\{\s*\$?(" + _NUM + r")?[^}]*\}"),
-    re.compile(r"(?:final answer|the answer is|answer:)\s*(?:is\s*)?[:=]?\s*\$?\s*(" + _NUM + r")?",
-               re.IGNORECASE),
+    re.compile(
+        r"(?:final answer|the answer is|answer:)\s*(?:is\s*)?[:=]?\s*\$?\s*(" + _NUM + r")?",
+        re.IGNORECASE,
+    ),
 )
 _CALC = re.compile(r"<<([^<>=]{1,200})=([^<>]{1,60})>>")
+_ANNOTATED = re.compile(r"=?\s*\$?\s*<<[^<>]*>>")
 _INLINE = re.compile(
-    r"((?:\d[\d,]*(?:\.\d+)?\s*[-+x×*/÷]\s*)+\d[\d,]*(?:\.\d+)?)\s*=\s*\$?\s*(" + _NUM + r")"
+    r"((?:\d[\d,]*(?:\.\d+)?\s*[-+x\u00d7*/\u00f7]\s*)+\d[\d,]*(?:\.\d+)?)\s*=\s*\$?\s*("
+    + _NUM
+    + r")"
 )
 _HEDGE = re.compile(
     r"\b(however|actually|assum\w*|approximately|not possible|cannot|can't|round\w*|unclear|"
@@ -140,8 +145,12 @@ def _parse_number(text: str) -> float:
 def _arithmetic_is_wrong(expression: str, result: str) -> bool | None:
     """True/False when the expression could be checked, None when it could not."""
     cleaned = (
-        expression.replace("×", "*").replace("x", "*").replace("÷", "/").replace(",", "")
-        .replace("$", "").replace("%", "/100")
+        expression.replace("\u00d7", "*")
+        .replace("x", "*")
+        .replace("\u00f7", "/")
+        .replace(",", "")
+        .replace("$", "")
+        .replace("%", "/100")
     )
     try:
         value = _evaluate(ast.parse(cleaned.strip(), mode="eval"))
@@ -158,7 +167,8 @@ def count_arithmetic_errors(text: str) -> int:
     errors = 0
     for expression, result in _CALC.findall(text):
         errors += _arithmetic_is_wrong(expression, result) is True
-    for expression, result in _INLINE.findall(_CALC.sub(" ", text)):
+    # "3 x 60 = <<3*60=180>>180" states one computation: check it once, as the annotation.
+    for expression, result in _INLINE.findall(_ANNOTATED.sub(" ", text)):
         errors += _arithmetic_is_wrong(expression, result) is True
     return errors
 
@@ -230,19 +240,22 @@ class CascadeVerifier:
     calibration: CalibrationTable | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
-    def design(self, answers: Sequence[SmallAnswer], difficulty: Sequence[float]) -> FloatArray:
+    def design(
+        self, answers: Sequence[SmallAnswer], difficulty: Sequence[float] | FloatArray
+    ) -> FloatArray:
         if len(answers) != len(difficulty):
             raise ValueError("one difficulty score per answer")
+        signals = [answer_signals(a, d) for a, d in zip(answers, difficulty, strict=True)]
         raw = np.array(
-            [[answer_signals(a, d)[name] for name in self.features]
-             for a, d in zip(answers, difficulty, strict=True)],
-            dtype=np.float64,
+            [[s[name] for name in self.features] for s in signals], dtype=np.float64
         ).reshape(len(answers), len(self.features))
         standard = (raw - self.feature_mean) / self.feature_scale
         result: FloatArray = np.where(np.isnan(standard), 0.0, standard)  # unknown -> mean
         return result
 
-    def score_batch(self, answers: Sequence[SmallAnswer], difficulty: Sequence[float]) -> FloatArray:
+    def score_batch(
+        self, answers: Sequence[SmallAnswer], difficulty: Sequence[float] | FloatArray
+    ) -> FloatArray:
         return self._scores(self.design(answers, difficulty), answers)
 
     def _scores(self, design: FloatArray, answers: Sequence[SmallAnswer]) -> FloatArray:
@@ -254,7 +267,7 @@ class CascadeVerifier:
     def verdict_batch(
         self,
         answers: Sequence[SmallAnswer],
-        difficulty: Sequence[float],
+        difficulty: Sequence[float] | FloatArray,
         threshold: float | None = None,
     ) -> list[CascadeVerdict]:
         limit = self.threshold if threshold is None else threshold

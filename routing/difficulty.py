@@ -15,9 +15,11 @@ Inputs, computed once per request by the gateway:
 Model: one pair of L2-regularised logistic regressions (small correct, large correct) per
 training domain (one domain per training file: for example GSM8K and MMLU). A single model over
 all domains learns the larger domain and loses the smaller one (GSM8K falls from 0.63 to 0.57
-APGR in cross-validation), so each domain keeps its own heads and a nearest-centroid gate (cosine
-to the mean embedding of each domain's training prompts) picks the heads for a request. Every
-domain scores in the same unit (expected gain), so one threshold serves them all.
+APGR in cross-validation), so each domain keeps its own heads, and a gate picks the heads for a
+request: one-vs-rest logistic regressions over the embedding ("is this prompt from domain d?"),
+the highest logit wins. (A nearest-centroid gate sent 12 % of MMLU prompts, the arithmetic ones,
+to the GSM8K heads.) Every domain scores in the same unit (expected gain), so one threshold
+serves them all.
 
 Runtime is pure numpy over a JSON artifact of a few tens of kilobytes
 (``routing/artifacts/difficulty.json``), written by ``llm-gateway train-router``, which also
@@ -50,7 +52,7 @@ EMBEDDING_DIM = 384
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _FRACTION = re.compile(r"\d\s*/\s*\d")
 _DECIMAL = re.compile(r"\d\.\d")
-_MATH_SYMBOL = re.compile(r"[=+*/^<>%×÷√∑∫π]|\s-\s")
+_MATH_SYMBOL = re.compile("[=+*/^<>%\u00d7\u00f7\u221a\u2211\u222b\u03c0]|\\s-\\s")
 _QUANTITY = re.compile(
     r"\b(half|twice|double|triple|third|quarter|times|each|per|every|total|remaining|rest|"
     r"percent|average|ratio)\b",
@@ -141,7 +143,7 @@ class LogisticHead:
 @dataclass(frozen=True)
 class DomainModel:
     name: str
-    centroid: FloatArray  # unit-norm mean embedding of the domain's training prompts
+    gate: LogisticHead  # over the embedding: "the prompt belongs to this domain"
     feature_mean: FloatArray
     feature_scale: FloatArray
     small: LogisticHead
@@ -162,7 +164,7 @@ class DomainModel:
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "centroid": compact(self.centroid, 5),
+            "gate": self.gate.to_json(),
             "feature_mean": compact(self.feature_mean),
             "feature_scale": compact(self.feature_scale),
             "small": self.small.to_json(),
@@ -178,7 +180,7 @@ class DomainModel:
             raise ValueError("feature_scale must be positive")
         return cls(
             name=str(data["name"]),
-            centroid=_floats(data["centroid"], "centroid", dim),
+            gate=LogisticHead.from_json(data["gate"], dim),
             feature_mean=_floats(data["feature_mean"], "feature_mean", len(TEXT_FEATURES)),
             feature_scale=scale,
             small=LogisticHead.from_json(data["small"], width),
@@ -212,7 +214,8 @@ class DifficultyEstimator:
         self.threshold = threshold
         self.calibration = calibration
         self.dim = dim
-        self._centroids = np.vstack([d.centroid for d in self.domains])
+        self._gate_coef = np.vstack([d.gate.coef for d in self.domains])
+        self._gate_intercept = np.array([d.gate.intercept for d in self.domains])
 
     def _check(self, embeddings: Any, texts: Sequence[str]) -> FloatArray:
         rows = np.asarray(embeddings, dtype=np.float64)
@@ -226,7 +229,8 @@ class DifficultyEstimator:
 
     def domain_index(self, embeddings: Any) -> npt.NDArray[np.intp]:
         rows = np.asarray(embeddings, dtype=np.float64).reshape(-1, self.dim)
-        result: npt.NDArray[np.intp] = np.argmax(rows @ self._centroids.T, axis=1)
+        logits = rows @ self._gate_coef.T + self._gate_intercept
+        result: npt.NDArray[np.intp] = np.argmax(logits, axis=1)
         return result
 
     def probabilities(
