@@ -32,12 +32,15 @@ class Sample:
     ended: float
     ok: bool
     status: int
+    hedge: str | None = None  # x-gateway-hedge: which attempt won, when a hedge fired
+    replica: str | None = None  # x-gateway-replica
 
 
 @dataclass
 class Recorder:
     samples: list[Sample] = field(default_factory=list)
     sent: int = 0
+    awaiting_first: int = 0  # requests sent that have neither a first token nor an end yet
 
 
 @asynccontextmanager
@@ -80,23 +83,30 @@ async def stream_one(
     ttft: float | None = None
     status = 0
     ok = False
+    hedge = replica = None
+    rec.awaiting_first += 1
     try:
         async with session.post(
             root + "/v1/completions", json=body, headers={"X-Surface": surface}
         ) as resp:
             status = resp.status
+            hedge = resp.headers.get("x-gateway-hedge")
+            replica = resp.headers.get("x-gateway-replica")
             tail = b""
             async for data in resp.content.iter_any():
                 if ttft is None and status == 200:
                     ttft = loop.time() - started
+                    rec.awaiting_first -= 1
                 tail = (tail + data)[-32:]
             ok = status == 200 and _DONE in tail
     except (aiohttp.ClientError, TimeoutError):
         ok = False
     finally:
+        if ttft is None:
+            rec.awaiting_first -= 1
         # Also when cancelled at the end of a run: a request cut off before its first token
         # must count as a miss, not vanish from the statistics.
-        rec.samples.append(Sample(surface, started, ttft, loop.time(), ok, status))
+        rec.samples.append(Sample(surface, started, ttft, loop.time(), ok, status, hedge, replica))
 
 
 async def poisson(

@@ -14,11 +14,18 @@ a TTFT budget of 500 ms. ``fifo``: no gateway admission (vLLM queues first come,
 gateway, in priority order. vLLM priority scheduling is off in the simulator: the gateway's
 own admission must carry the result.
 
-Scenario ``slow_replica`` (arms ``no_hedge``, ``hedge``): 4 replicas of h100-llama3-8b, one of
-them running 5x slower (its whole timeline stretched); surface ``interactive`` (Poisson,
-20/s, 1000-token prompts, 32-96 output tokens, TTFT budget 500 ms). ``hedge`` turns on hedging
-with ``delay_ms: auto`` and ``max_fraction: 0.1``. Extra upstream load = requests the
-replicas received / requests clients sent - 1.
+Scenario ``slow_replica`` (arms ``no_hedge``, ``hedge_only``, ``budget_routing``, ``hedge``): 4
+replicas of h100-llama3-8b, one of them running 5x slower (its whole timeline stretched);
+surface ``interactive`` (Poisson, 20/s, 1000-token prompts, 32-96 output tokens, TTFT budget
+500 ms at p99), routed ``least_loaded`` (the default). ``no_hedge`` is the plain default
+surface; ``hedge_only`` turns on hedging (``delay_ms: auto``, ``max_fraction: 0.1``);
+``budget_routing`` turns on budget-aware replica choice alone; ``hedge`` is what a
+latency-sensitive surface would run: both (``--quick`` leaves ``budget_routing`` out to stay
+within 60 s). Extra upstream load = requests the replicas
+received / requests clients sent - 1. Diagnostics per arm: the share of upstream requests the
+slow replica received, the share of requests hedged, the share of those the hedge won, and
+the hedged requests' TTFT p50. A run ends once every request of the window has a first token
+(or after the drain): only TTFTs are measured here.
 
 Reported TTFTs are simulated milliseconds (wall / ``time_scale``), percentiles over the
 requests that started in the measurement window and got a first token; attainment counts the
@@ -41,7 +48,9 @@ from typing import Any
 
 from bench._budget_load import (
     Recorder,
+    Sample,
     new_session,
+    percentile,
     poisson,
     prompt,
     running_gateway,
@@ -53,7 +62,11 @@ from bench.sim.params import SimParams, load_profile
 from policies.schema import Policy, Surface
 
 TTFT_BUDGET_MS = 500.0
-SCENARIOS = {"priority": ("fifo", "policy"), "slow_replica": ("no_hedge", "hedge")}
+SCENARIOS = {
+    "priority": ("fifo", "policy"),
+    "slow_replica": ("no_hedge", "hedge_only", "budget_routing", "hedge"),
+}
+FULL_ONLY = {"budget_routing"}  # left out of --quick, which must finish within 60 s
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,12 +160,13 @@ async def run_priority(arm: str, t: Timing, seed: int) -> list[dict[str, Any]]:
 
 async def run_slow_replica(arm: str, t: Timing, seed: int) -> list[dict[str, Any]]:
     ts = t.time_scale
-    hedge = {"enabled": arm == "hedge", "delay_ms": "auto", "max_fraction": 0.1}
+    hedge = {"enabled": arm in ("hedge", "hedge_only"), "delay_ms": "auto", "max_fraction": 0.1}
+    actions = {"hedge": hedge, "budget_routing": arm in ("hedge", "budget_routing")}
     surfaces = {
         "interactive": _surface(
             "interactive",
             {"ttft_ms": TTFT_BUDGET_MS * ts, "percentile": "p99"},
-            {"priority": "interactive", "actions": {"hedge": hedge}},
+            {"priority": "interactive", "actions": actions},
         )
     }
     params = load_profile("h100-llama3-8b")
@@ -169,20 +183,38 @@ async def run_slow_replica(arm: str, t: Timing, seed: int) -> list[dict[str, Any
             return stream_one(session, root, "interactive", text, n, rec)
 
         async with running_gateway(text) as root, new_session() as session:
-            window = await _drive(t, arrivals, [(20.0, interactive)], [])
-        engines = [r.engine for r in fast.replicas + slow.replicas]
-        upstream = sum(
+            window = await _drive(
+                t, arrivals, [(20.0, interactive)], [], settled=lambda: rec.awaiting_first == 0
+            )
+        received = [
             e.counters.request_success + e.counters.num_aborted + e.num_running + e.num_waiting
-            for e in engines
-        )
+            for e in (r.engine for r in fast.replicas + slow.replicas)
+        ]
+        upstream = sum(received)
         stats = surface_stats(rec.samples, "interactive", window, ts, TTFT_BUDGET_MS)
         row: dict[str, Any] = {"scenario": "slow_replica", "arm": arm, **asdict(stats)}
         row["extra_upstream"] = round(upstream / rec.sent - 1.0, 4) if rec.sent else None
-        row["slow_replica_share"] = round(
-            slow.replicas[0].engine.counters.request_success / max(upstream, 1), 4
-        )
+        row["slow_replica_share"] = round(received[-1] / max(upstream, 1), 4)
+        row.update(hedge_stats(rec.samples, window, ts))
         row["max_lag_ms"] = round(max(fast.max_lag_s(), slow.max_lag_s() / 5) * 1000, 1)
         return [row]
+
+
+def hedge_stats(
+    samples: list[Sample], window: tuple[float, float], time_scale: float
+) -> dict[str, Any]:
+    """How many of the window's requests were hedged, how many hedges won, how fast they were."""
+    mine = [s for s in samples if window[0] <= s.started < window[1]]
+    hedged = [s for s in mine if s.hedge is not None]
+    ttfts = [s.ttft_s * 1000 / time_scale for s in hedged if s.ttft_s is not None]
+    p50 = percentile(ttfts, 0.5)
+    return {
+        "hedged": round(len(hedged) / len(mine), 4) if mine else None,
+        "hedge_won": round(sum(s.hedge == "hedge" for s in hedged) / len(hedged), 4)
+        if hedged
+        else None,
+        "hedged_ttft_p50_ms": None if p50 is None else round(p50, 1),
+    }
 
 
 # --- driving -------------------------------------------------------------------------------
@@ -195,8 +227,11 @@ async def _drive(
     rng: random.Random,
     open_loops: list[tuple[float, Send]],
     closed_loops: list[tuple[int, Send]],
+    settled: Callable[[], bool] = lambda: False,
 ) -> tuple[float, float]:
-    """Run the load; returns the measurement window (wall, loop clock)."""
+    """Run the load; returns the measurement window (wall, loop clock). The drain ends when
+    every open-loop request has ended, when ``settled()`` says nothing more is measured, or
+    after ``drain_s``."""
     loop = asyncio.get_running_loop()
     ts = t.time_scale
     t0 = loop.time()
@@ -226,8 +261,8 @@ async def _drive(
     # Let open-loop requests of the window finish under the same background load.
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(t.drain_s * ts):
-            while tasks:
-                await asyncio.wait(set(tasks))
+            while tasks and not settled():
+                await asyncio.wait(set(tasks), timeout=0.05 * ts)
     stop.set()
     for task in [*workers, *tasks]:
         task.cancel()
@@ -247,7 +282,9 @@ async def run(
     rows: list[dict[str, Any]] = []
     for scenario in scenarios:
         for arm in SCENARIOS[scenario]:
-            if arm in ("policy", "hedge") and not wired():
+            if quick and arm in FULL_ONLY:
+                continue
+            if arm not in ("fifo", "no_hedge") and not wired():
                 print(f"# {scenario}/{arm}: skipped, the gateway is not wired yet", file=sys.stderr)
                 continue
             runner = run_priority if scenario == "priority" else run_slow_replica
@@ -274,6 +311,8 @@ def report(rows: list[dict[str, Any]]) -> str:
         "errors",
         "throughput_rps",
         "extra_upstream",
+        "hedged",
+        "slow_replica_share",
     ]
     lines = [" ".join(f"{c:>14}" for c in cols)]
     for r in rows:
@@ -299,15 +338,15 @@ def _ratios(rows: list[dict[str, Any]]) -> list[str]:
                 f"priority: background throughput policy/fifo = "
                 f"{bp['throughput_rps'] / bf['throughput_rps']:.2f}"
             )
-    nh, h = (
-        by.get(("slow_replica", "no_hedge", "interactive")),
-        by.get(("slow_replica", "hedge", "interactive")),
-    )
-    if nh and h and nh["ttft_p99_ms"] and h["ttft_p99_ms"]:
-        out.append(
-            f"slow_replica: p99 no_hedge/hedge = {nh['ttft_p99_ms'] / h['ttft_p99_ms']:.1f}x "
-            f"for {h['extra_upstream']:.1%} extra upstream requests"
-        )
+    nh = by.get(("slow_replica", "no_hedge", "interactive"))
+    for arm in SCENARIOS["slow_replica"][1:]:
+        other = by.get(("slow_replica", arm, "interactive"))
+        if nh and other and nh["ttft_p99_ms"] and other["ttft_p99_ms"]:
+            out.append(
+                f"slow_replica: p99 no_hedge/{arm} = "
+                f"{nh['ttft_p99_ms'] / other['ttft_p99_ms']:.1f}x "
+                f"for {other['extra_upstream']:.1%} extra upstream requests"
+            )
     return out
 
 

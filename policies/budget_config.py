@@ -42,8 +42,8 @@ class _Frozen(BaseModel):
 class HedgeConfig(_Frozen):
     """Send the request to a second replica when the first token is late.
 
-    ``delay_ms: auto`` waits for the replica's recent TTFT p95 (no longer than the typical
-    replica's p95, and never past the surface's ``ttft_ms``); a number fixes the delay.
+    ``delay_ms: auto`` waits for the other replicas' recent TTFT p90 (their p50 when the
+    primary is known to be slow; never past the surface's ``ttft_ms``); a number fixes it.
     ``max_fraction`` bounds hedges to that share of the surface's requests (a token bucket).
     """
 

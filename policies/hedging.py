@@ -47,13 +47,10 @@ from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 from policies.budget_config import HedgeConfig
-from policies.latency import ReplicaLatency, queue_of
+from policies.latency import SLOW_RATIO, ReplicaLatency, queue_of
 from routing.replica import Replica
 
 T = TypeVar("T")
-
-# A primary whose recent TTFT p50 is over this many times the typical peer's is known slow.
-SLOW_RATIO = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,13 +171,13 @@ def hedge_delay_s(
         return None
     if config.delay_ms != "auto":
         return float(config.delay_ms) / 1000.0
-    typical_p50 = typical_ttft_ms(latency, replica_key, peers, 0.5)
+    typical_p50 = typical_ttft_ms(latency, replica_key, peers, "p50")
     own_p50 = latency.ttft_p50_ms(replica_key)
     if own_p50 is not None and typical_p50 is not None and own_p50 > SLOW_RATIO * typical_p50:
         candidates = [typical_p50]
     else:
         own = latency.ttft_p95_ms(replica_key)
-        typical = typical_ttft_ms(latency, replica_key, peers, 0.9)
+        typical = typical_ttft_ms(latency, replica_key, peers, "p90")
         candidates = [v for v in (own, typical) if v is not None]
     if ttft_budget_ms is not None:
         candidates.append(ttft_budget_ms)
@@ -190,12 +187,11 @@ def hedge_delay_s(
 
 
 def typical_ttft_ms(
-    latency: ReplicaLatency, primary_key: str, peers: Sequence[str], q: float
+    latency: ReplicaLatency, primary_key: str, peers: Sequence[str], q: Literal["p50", "p90"]
 ) -> float | None:
     """The median over the replicas other than ``primary_key`` of their recent TTFT quantile
-    ``q`` (0.5 or 0.9): what a fresh attempt elsewhere usually takes. The median ignores one
-    sick peer."""
-    read = latency.ttft_p50_ms if q == 0.5 else latency.ttft_p90_ms
+    ``q``: what a fresh attempt elsewhere usually takes. The median ignores one sick peer."""
+    read = latency.ttft_p50_ms if q == "p50" else latency.ttft_p90_ms
     values = [v for v in (read(k) for k in peers if k != primary_key) if v is not None]
     return statistics.median(values) if values else None
 
@@ -206,7 +202,7 @@ def worth_hedging(
     remaining = latency.remaining_ttft_ms(primary_key, elapsed_ms)
     if remaining is None:
         return True
-    fresh = typical_ttft_ms(latency, primary_key, peers, 0.5)
+    fresh = typical_ttft_ms(latency, primary_key, peers, "p50")
     return fresh is None or remaining > fresh
 
 

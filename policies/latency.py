@@ -53,8 +53,9 @@ class _Stats:
     quantiles_at: float = float("-inf")
 
 
-# A replica predicted this many times slower than the typical one is avoided by budget routing.
-OUTLIER_RATIO = 2.0
+# A replica this many times slower than the typical one is treated as sick: budget routing
+# avoids it, and hedging does not wait long for it.
+SLOW_RATIO = 2.0
 
 
 def queue_of(replica: Replica) -> float:
@@ -189,7 +190,7 @@ def choose_for_budget(
     uncached_tokens: Callable[[Replica], int] = lambda r: 0,
 ) -> Replica:
     """Keep the router's ``chosen`` replica unless it is predicted to miss ``budget_ms``, or to
-    take more than ``OUTLIER_RATIO`` times as long as the typical candidate (the lower median
+    take more than ``SLOW_RATIO`` times as long as the typical candidate (the lower median
     of the predictions). Then take the least loaded candidate predicted to do neither, or,
     if there is none, the one predicted fastest (when it is predicted faster).
 
@@ -200,9 +201,11 @@ def choose_for_budget(
     mine = latency.predict(chosen, uncached_tokens(chosen))
     if mine is None:
         return chosen
-    predicted = [(p, r) for r in candidates if (p := latency.predict(r, uncached_tokens(r)))]
+    predicted = [
+        (p, r) for r in candidates if (p := latency.predict(r, uncached_tokens(r))) is not None
+    ]
     known = sorted(p for p, _ in predicted)
-    limit = min(budget_ms, OUTLIER_RATIO * known[(len(known) - 1) // 2]) if known else budget_ms
+    limit = min(budget_ms, SLOW_RATIO * known[(len(known) - 1) // 2]) if known else budget_ms
     if mine <= limit:
         return chosen
     good = [(r.outstanding, p, r) for p, r in predicted if p <= limit and r is not chosen]

@@ -1,4 +1,4 @@
-"""Hedged races (deterministic fakes), the hedge rate bound and the hedge delay."""
+"""Hedged races (deterministic fakes), the hedge rate bound, delay and target, lost races."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from policies.hedging import (
     worth_hedging,
 )
 from policies.latency import ReplicaLatency
+from routing.replica import Replica
 
 
 class FakeAttempt:
@@ -212,6 +213,28 @@ def test_auto_delay_of_a_slow_replica_is_the_typical_replicas_p95() -> None:
     assert delay is not None and delay < 0.11
 
 
+def test_auto_delay_is_what_a_fresh_attempt_elsewhere_usually_takes() -> None:
+    cfg = HedgeConfig(enabled=True)
+    lat = ReplicaLatency()
+    for key in ("b", "c", "d"):
+        for v in range(40, 140):  # p50 ~ 90 ms, p90 ~ 130 ms
+            lat.observe_ttft(key, float(v))
+    for v in range(100, 200):
+        lat.observe_ttft("e", float(v))  # a little slower than typical: p50 ~ 150, p95 ~ 195
+    for _ in range(100):
+        lat.observe_ttft("slow", 600.0)
+    peers = ["b", "c", "d", "e", "slow"]
+    delay = hedge_delay_s(cfg, lat, "e", peers, 500)
+    assert delay is not None and 0.12 <= delay <= 0.14  # the peers' p90, not its own p95
+    # Known slow (p50 over twice the typical): hedge once half the typical answers are in.
+    delay = hedge_delay_s(cfg, lat, "slow", peers, 500)
+    assert delay is not None and 0.085 <= delay <= 0.095
+    # A healthy primary's own figures do not count as "typical": with only a slow peer left,
+    # it hedges at its own p95.
+    own = hedge_delay_s(cfg, lat, "b", ["b", "slow"], 500)
+    assert own is not None and own < 0.15
+
+
 def test_auto_delay_has_a_floor_and_needs_some_basis() -> None:
     cfg = HedgeConfig(enabled=True, min_delay_ms=20)
     assert hedge_delay_s(cfg, latency_with({"a": 2.0}), "a", ["a"], 500) == pytest.approx(0.02)
@@ -249,3 +272,50 @@ def test_hedge_policy_counts_requests_and_spends_tokens_only_when_worth_it() -> 
     assert policy.allow("slow", peers, 95.0)
     assert not policy.allow("slow", peers, 95.0)  # 4 requests x 0.5 = 2 hedges at most
     assert HedgePolicy(HedgeConfig(), lat).delay_s("b", peers, 500.0) is None
+
+
+def test_a_lost_attempt_counts_as_the_ttft_its_replica_would_probably_have_had() -> None:
+    lat = ReplicaLatency(alpha=1.0)
+    for v in (100.0, 300.0, 400.0, 500.0):
+        lat.observe_ttft("a", v)
+    lat.observe_lost("a", 250.0)  # it was at least 250: like its recent ones above 250
+    assert lat.predict_ttft_ms("a") == pytest.approx(400.0, rel=0.06)
+    lat.observe_lost("new", 150.0)  # nothing known above: the elapsed time, a lower bound
+    assert lat.predict_ttft_ms("new") == pytest.approx(150.0)
+
+
+def test_a_replica_that_keeps_losing_races_predicts_slow() -> None:
+    lat = ReplicaLatency()
+    for _ in range(5):
+        lat.observe_ttft("slow", 80.0)  # the few races it won, when it happened to be quick
+    for _ in range(20):
+        lat.observe_lost("slow", 140.0)  # cancelled 140 ms in, each time
+    predicted = lat.predict_ttft_ms("slow")
+    p50 = lat.ttft_p50_ms("slow")
+    assert predicted is not None and predicted > 135
+    assert p50 is not None and p50 > 130
+
+
+def replicas_with(lat: ReplicaLatency, ttfts: list[float]) -> list[Replica]:
+    rs = [Replica("b", f"http://10.0.0.{i}:8000/v1") for i in range(len(ttfts))]
+    for r, v in zip(rs, ttfts, strict=True):
+        r.waiting = 0.0
+        lat.observe_ttft(r.base_url, v)
+    return rs
+
+
+def test_the_hedge_goes_to_the_routers_choice_unless_it_is_predicted_slow() -> None:
+    lat = ReplicaLatency(alpha=1.0)
+    rs = replicas_with(lat, [60.0, 50.0, 70.0, 400.0])
+    policy = HedgePolicy(HedgeConfig(enabled=True), lat)
+    assert policy.target(rs[2], rs[1:]) is rs[2]  # typical: keep (it may hold the prefix)
+    assert policy.target(rs[3], rs[1:]) is rs[1]  # predicted slow: the fastest instead
+    unknown = Replica("b", "http://10.0.0.9:8000/v1")
+    assert policy.target(unknown, [unknown, rs[0]]) is unknown  # too little known to judge
+
+
+def test_a_lost_race_is_recorded_against_the_loser() -> None:
+    lat = ReplicaLatency(alpha=1.0)
+    (r,) = replicas_with(lat, [50.0])
+    HedgePolicy(HedgeConfig(enabled=True), lat).lost(r, 300.0)
+    assert lat.predict_ttft_ms(r.base_url) == pytest.approx(300.0)

@@ -51,10 +51,32 @@ def test_ewma_follows_a_replica_that_turned_slow() -> None:
 def test_budget_choice_keeps_a_replica_that_meets_the_budget() -> None:
     rs = replicas(3)
     lat = ReplicaLatency(alpha=1.0)
-    for r, ttft in zip(rs, [400.0, 100.0, 50.0], strict=True):
+    for r, ttft in zip(rs, [150.0, 100.0, 50.0], strict=True):
         lat.observe_ttft(r.base_url, ttft)
     assert choose_for_budget(rs[0], rs, lat, 500.0) is rs[0]
-    assert choose_for_budget(rs[0], rs, lat, 300.0) is rs[2]  # the fastest predicted
+    assert choose_for_budget(rs[0], rs, lat, 120.0) is rs[2]  # both others meet it: the
+    # least loaded (a tie here), then the fastest predicted
+
+
+def test_budget_choice_avoids_a_replica_far_slower_than_the_typical_one() -> None:
+    rs = replicas(4)
+    lat = ReplicaLatency(alpha=1.0)
+    for r, ttft in zip(rs, [60.0, 55.0, 65.0, 300.0], strict=True):
+        lat.observe_ttft(r.base_url, ttft)
+    # 300 ms meets a 500 ms budget, but it is five times the typical 60 ms.
+    assert choose_for_budget(rs[3], rs, lat, 500.0) is not rs[3]
+    assert choose_for_budget(rs[2], rs, lat, 500.0) is rs[2]  # ordinary spread stays
+
+
+def test_budget_choice_spreads_what_it_takes_from_a_slow_replica_by_load() -> None:
+    rs = replicas(3)
+    lat = ReplicaLatency(alpha=1.0)
+    for r, ttft in zip(rs, [50.0, 60.0, 400.0], strict=True):
+        lat.observe_ttft(r.base_url, ttft)
+    for r in rs:
+        r.waiting = 0.0  # scraped: an empty vLLM queue everywhere, so predictions stay put
+    rs[0].outstanding = 3  # the fastest is busier: the other good one takes the request
+    assert choose_for_budget(rs[2], rs, lat, 500.0) is rs[1]
 
 
 def test_budget_choice_ignores_unknown_replicas_and_keeps_unknown_choice() -> None:

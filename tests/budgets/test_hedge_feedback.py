@@ -1,0 +1,76 @@
+"""Hedging through the real gateway: where the hedge goes, and what a lost race teaches."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tests.conftest import FakeFactory, GatewayFactory
+
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+SURFACE = """
+  chat:
+    match: {header: chat}
+    budget: {ttft_ms: 2000}
+    actions: {hedge: {enabled: true, delay_ms: 100, max_fraction: 1.0}}
+"""
+
+
+def policy(urls: list[str]) -> str:
+    replicas = ", ".join(f'"{u}"' for u in urls)
+    return f"""
+backends:
+  up: {{kind: vllm, replicas: [{replicas}], health: {{interval_s: 60}}, routing: {{strategy: least_loaded, scrape_interval_s: 0}}}}
+models:
+  m: {{backend: up, model: fake-model}}
+surfaces:
+{SURFACE}
+"""
+
+
+async def test_the_replica_that_lost_a_race_is_recorded_as_slow(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    slow = await make_fake(latency_ms=1500, chunks=2)
+    fast = await make_fake(chunks=2)
+    gw = await make_gateway(policy([slow.url, fast.url]))
+    hedged = 0
+    for _ in range(2):  # idle replicas take turns, so one request starts on the slow one
+        raw = await gw.client.chat.completions.with_raw_response.create(
+            model="m", messages=MESSAGES, stream=True, extra_headers={"X-Surface": "chat"}
+        )
+        _ = [c async for c in raw.parse()]
+        hedged += raw.headers.get("x-gateway-hedge") == "hedge"
+    assert hedged == 1
+    latency = gw.gateway.runtime.latency
+    predicted = latency.predict_ttft_ms(slow.url)
+    fast_ms = latency.predict_ttft_ms(fast.url)
+    # Cancelled about 100 ms in (the delay, then the fast replica's first chunk): its TTFT was
+    # at least that, and the tracker knows it instead of seeing only what the slow one won.
+    assert predicted is not None and predicted >= 90
+    assert fast_ms is not None and fast_ms < predicted
+
+
+async def test_the_hedge_avoids_a_replica_predicted_slow(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    slow_a = await make_fake(latency_ms=1500, chunks=2)
+    slow_b = await make_fake(latency_ms=1500, chunks=2)
+    fast = await make_fake(chunks=2)
+    gw = await make_gateway(policy([slow_a.url, slow_b.url, fast.url]))
+    latency = gw.gateway.runtime.latency
+    for url, ttft in ((slow_a.url, 1500.0), (slow_b.url, 1500.0), (fast.url, 5.0)):
+        for _ in range(20):
+            latency.observe_ttft(url, ttft)
+    names = {r.base_url: r.name for r in gw.gateway.runtime.pools["up"].replicas}
+    for _ in range(3):  # each replica is the router's first choice once
+        t0 = time.perf_counter()
+        raw = await gw.client.chat.completions.with_raw_response.create(
+            model="m", messages=MESSAGES, stream=True, extra_headers={"X-Surface": "chat"}
+        )
+        _ = [c async for c in raw.parse()]
+        if raw.headers.get("x-gateway-hedge") is not None:
+            assert raw.headers["x-gateway-hedge"] == "hedge"
+            assert raw.headers["x-gateway-replica"] == f"up/{names[fast.url]}"
+            assert time.perf_counter() - t0 < 1.0
+    assert len(fast.fake.requests) == 3  # once as the primary, twice as the hedge
