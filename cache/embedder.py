@@ -16,7 +16,8 @@ Two backends compute the same vectors (max abs difference ~2e-7):
 Async callers never run the model on the event loop: ``embed`` queues the texts; one worker
 task per event loop collects queued requests for ``batch_window_s`` (or until ``max_batch``
 texts are waiting) and runs a single encode for all of them on a dedicated one-thread executor.
-Requests that arrive while an encode runs form the next batch.
+Requests that arrive while an encode runs form the next batch. The window is only waited for
+when requests are arriving less than a window apart: a lone request pays no batching delay.
 """
 
 from __future__ import annotations
@@ -130,7 +131,11 @@ class _TorchEncoder:
         if threads:
             torch.set_num_threads(threads)
         self._model = SentenceTransformer(str(model_dir), device="cpu")
-        dim = self._model.get_sentence_embedding_dimension()
+        getter = (
+            getattr(self._model, "get_embedding_dimension", None)
+            or self._model.get_sentence_embedding_dimension
+        )
+        dim = getter()
         self.dim = int(dim) if dim else 384
 
     def encode(self, texts: list[str]) -> Vectors:
@@ -231,6 +236,8 @@ class _LoopState:
     loop: asyncio.AbstractEventLoop
     pending: list[_Pending] = field(default_factory=list)
     count: int = 0
+    last_arrival: float = float("-inf")
+    recent: bool = False  # the latest request came within a window of the one before
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     full: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -294,6 +301,9 @@ class SentenceTransformerEmbedder:
         future: asyncio.Future[Vectors] = state.loop.create_future()
         state.pending.append(_Pending(items, future))
         state.count += len(items)
+        now = state.loop.time()
+        state.recent = now - state.last_arrival < self._window_s
+        state.last_arrival = now
         state.wakeup.set()
         if state.count >= self._max_batch:
             state.full.set()
@@ -319,7 +329,8 @@ class SentenceTransformerEmbedder:
     async def _worker(self, state: _LoopState) -> None:
         while True:
             await state.wakeup.wait()
-            if self._window_s > 0 and state.count < self._max_batch:
+            # Wait for company only under concurrency: a lone request is encoded at once.
+            if self._window_s > 0 and state.count < self._max_batch and state.recent:
                 # Event.wait is safe to time out: no queued request can be lost.
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._window_s):

@@ -81,6 +81,7 @@ class RedisStore:
         stream_maxlen: int = 100_000,
         block_ms: int = 1000,
         load_timeout_s: float = 10.0,
+        max_connections: int = 64,
     ) -> None:
         self.prefix = prefix
         self.timeout_s = timeout_s
@@ -89,14 +90,22 @@ class RedisStore:
         self._block_ms = block_ms
         self._load_timeout_s = load_timeout_s
         self._stream = f"{prefix}:events"
-        self._redis = aioredis.Redis.from_url(
-            url, socket_connect_timeout=max(timeout_s, 0.2), socket_timeout=5.0
+        # A blocking pool: a burst beyond max_connections waits for a free connection
+        # (bounded by the call's timeout) instead of failing.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=None,
+            socket_connect_timeout=max(timeout_s, 0.2),
+            socket_timeout=5.0,
         )
+        self._redis = aioredis.Redis(connection_pool=pool)
         self._follower = aioredis.Redis.from_url(
             url, socket_connect_timeout=1.0, socket_timeout=block_ms / 1000 + 5.0
         )
         self._sinks: list[IndexSink] = []
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self._loaded = asyncio.Event()
         self._down_since: float | None = None
         self._retry_at = 0.0
@@ -117,11 +126,15 @@ class RedisStore:
                 await self._loaded.wait()
 
     async def aclose(self) -> None:
+        # redis-py may not honour a cancel that lands inside a blocking XREAD: ask the
+        # follower to stop after its current read (at most block_ms), then cancel as a fallback.
+        self._closing = True
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            done, _ = await asyncio.wait({task}, timeout=self._block_ms / 1000 + 1.0)
+            if not done:
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)
         await self._redis.aclose()
         await self._follower.aclose()
 
@@ -276,7 +289,7 @@ class RedisStore:
 
     async def _follow(self) -> None:
         last_id: bytes | None = None
-        while True:
+        while not self._closing:
             try:
                 if last_id is None:
                     last_id = await self._full_load()

@@ -65,15 +65,10 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--loglevel", "notice"]
         self.proc = subprocess.Popen(
-            [
-                self.binary,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--loglevel", "notice",
-            ],  # fmt: skip
+            [self.binary, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

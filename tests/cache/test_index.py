@@ -12,7 +12,8 @@ B = CacheScope("tenant-b", "m", "ns")
 
 def unit(rng: np.random.Generator, n: int) -> np.ndarray:
     v = rng.standard_normal((n, DIM)).astype(np.float32)
-    return v / np.linalg.norm(v, axis=1, keepdims=True)
+    out: np.ndarray = v / np.linalg.norm(v, axis=1, keepdims=True)
+    return out
 
 
 def entry(i: int, vector: np.ndarray, scope: CacheScope = A, expires: float = 1e12) -> IndexEntry:

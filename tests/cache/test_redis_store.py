@@ -13,28 +13,29 @@ from cache.config import CachePolicy, SemanticCacheConfig
 from cache.redis_store import RedisStore
 from cache.semantic import ResponseCache
 from tests.cache.conftest import HashingEmbedder, RedisServer
-from tests.cache.test_semantic import answer, chat
+from tests.cache.test_semantic import answer, chat, plan_for
 
 pytestmark = pytest.mark.redis
 
 POLICY = CachePolicy(semantic=SemanticCacheConfig(gate="cosine", threshold=0.8))
-WHO = {"tenant": "t1", "model_alias": "m", "surface": "chat"}
 
 
-async def instance(server: RedisServer, **kwargs: float) -> ResponseCache:
-    store = RedisStore(server.url, timeout_s=0.5, retry_after_s=0.2, block_ms=100, **kwargs)
+async def instance(server: RedisServer) -> ResponseCache:
+    store = RedisStore(server.url, timeout_s=0.5, retry_after_s=0.2, block_ms=100)
     cache = ResponseCache(store, None)
     await cache.start()
     return cache
 
 
-async def put(cache: ResponseCache, emb: HashingEmbedder, q: str, a: str, **who: str) -> None:
-    plan = cache.plan(chat(q), POLICY, **{**WHO, **who})
+async def put(
+    cache: ResponseCache, emb: HashingEmbedder, q: str, a: str, tenant: str = "t1"
+) -> None:
+    plan = plan_for(cache, chat(q), POLICY, tenant)
     await cache.fill(plan, POLICY, answer(a), emb.embed_sync([q])[0])
 
 
-async def get(cache: ResponseCache, emb: HashingEmbedder, q: str, **who: str) -> str | None:
-    plan = cache.plan(chat(q), POLICY, **{**WHO, **who})
+async def get(cache: ResponseCache, emb: HashingEmbedder, q: str, tenant: str = "t1") -> str | None:
+    plan = plan_for(cache, chat(q), POLICY, tenant)
     hit = await cache.lookup(plan, POLICY, emb.embed_sync([q])[0])
     if hit is None:
         return None
@@ -106,7 +107,7 @@ async def test_ttl_expiry(redis_server: RedisServer, embedder: HashingEmbedder) 
         exact_ttl=1, semantic=SemanticCacheConfig(gate="cosine", threshold=0.8, ttl=1)
     )
     cache = await instance(redis_server)
-    plan = cache.plan(chat("short lived question"), short, **WHO)
+    plan = plan_for(cache, chat("short lived question"), short)
     vec = embedder.embed_sync(["short lived question"])[0]
     await cache.fill(plan, short, answer("soon gone"), vec)
     assert await cache.lookup(plan, short, vec) is not None
@@ -124,10 +125,10 @@ async def test_max_entries_evicts_oldest_everywhere(
     a = await instance(redis_server)
     b = await instance(redis_server)
     for i, q in enumerate(["alpha question", "beta question", "gamma question"]):
-        plan = a.plan(chat(q), small, **WHO)
+        plan = plan_for(a, chat(q), small)
         await a.fill(plan, small, answer(str(i)), embedder.embed_sync([q])[0])
     await eventually(lambda: _ready(len(b.index) == 2))
-    plan = b.plan(chat("alpha question"), small, **WHO)
+    plan = plan_for(b, chat("alpha question"), small)
     assert await b.lookup(plan, small, embedder.embed_sync(["alpha question"])[0]) is None
     await a.aclose()
     await b.aclose()

@@ -4,11 +4,10 @@ import json
 import random
 from typing import Any
 
-import numpy as np
 import pytest
 
 from cache.config import CachePolicy, SemanticCacheConfig
-from cache.semantic import ResponseCache
+from cache.semantic import CachePlan, ResponseCache
 from cache.store import InMemoryStore
 from cache.verifier import Verifier
 from tests.cache.conftest import HashingEmbedder
@@ -41,22 +40,42 @@ def answer(text: str) -> bytes:
     ).encode()
 
 
+def plan_for(
+    cache: ResponseCache,
+    body: dict[str, Any],
+    policy: CachePolicy,
+    tenant: str = "t1",
+    surface: str = "chat",
+    cache_control: str | None = None,
+) -> CachePlan:
+    return cache.plan(
+        body, policy, tenant=tenant, model_alias="m", surface=surface, cache_control=cache_control
+    )
+
+
 async def put(
-    cache: ResponseCache, emb: HashingEmbedder, policy: CachePolicy, q: str, a: str, **who: str
+    cache: ResponseCache,
+    emb: HashingEmbedder,
+    policy: CachePolicy,
+    q: str,
+    a: str,
+    tenant: str = "t1",
+    surface: str = "chat",
 ) -> None:
-    plan = cache.plan(chat(q), policy, **_who(who))
+    plan = plan_for(cache, chat(q), policy, tenant, surface)
     await cache.fill(plan, policy, answer(a), (await emb.embed([q]))[0])
 
 
 async def get(
-    cache: ResponseCache, emb: HashingEmbedder, policy: CachePolicy, q: str, **who: str
+    cache: ResponseCache,
+    emb: HashingEmbedder,
+    policy: CachePolicy,
+    q: str,
+    tenant: str = "t1",
+    surface: str = "chat",
 ) -> Any:
-    plan = cache.plan(chat(q), policy, **_who(who))
+    plan = plan_for(cache, chat(q), policy, tenant, surface)
     return await cache.lookup(plan, policy, (await emb.embed([q]))[0])
-
-
-def _who(who: dict[str, str]) -> dict[str, str]:
-    return {"tenant": "t1", "model_alias": "m", "surface": "chat", **who}
 
 
 async def test_exact_then_semantic_then_miss(embedder: HashingEmbedder) -> None:
@@ -74,17 +93,20 @@ async def test_exact_then_semantic_then_miss(embedder: HashingEmbedder) -> None:
 
 async def test_temperature_and_cache_control(embedder: HashingEmbedder) -> None:
     cache = ResponseCache(InMemoryStore(), None)
-    assert cache.plan(chat("q", temperature=0.7), COSINE, **_who({})).request is None
+    assert plan_for(cache, chat("q", temperature=0.7), COSINE).request is None
     no_temp = {"model": "m", "messages": [{"role": "user", "content": "q"}]}
-    assert cache.plan(no_temp, COSINE, **_who({})).request is None  # OpenAI default is 1
+    assert plan_for(cache, no_temp, COSINE).request is None  # OpenAI default is 1
     warm = COSINE.model_copy(update={"allow_temperature": True})
-    assert cache.plan(chat("q", temperature=0.7), warm, **_who({})).request is not None
-    plan = cache.plan(chat("q"), COSINE, cache_control="no-store", **_who({}))
+    assert plan_for(cache, chat("q", temperature=0.7), warm).request is not None
+    plan = plan_for(cache, chat("q"), COSINE, cache_control="no-store")
     assert plan.lookup and not plan.fill
-    plan = cache.plan(chat("q"), COSINE, cache_control="No-Cache, max-age=0", **_who({}))
+    plan = plan_for(cache, chat("q"), COSINE, cache_control="No-Cache, max-age=0")
     assert plan.fill and not plan.lookup
     await cache.fill(
-        cache.plan(chat("q"), COSINE, cache_control="no-store", **_who({})), COSINE, answer("a"), None
+        plan_for(cache, chat("q"), COSINE, cache_control="no-store"),
+        COSINE,
+        answer("a"),
+        None,
     )
     assert await get(cache, embedder, COSINE, "q") is None
     await cache.aclose()
@@ -102,7 +124,7 @@ async def test_namespace_from_policy_overrides_surface(embedder: HashingEmbedder
 async def test_no_hit_across_tenants_randomized(embedder: HashingEmbedder) -> None:
     """Property: whatever is stored, a lookup only ever returns its own tenant's entries."""
     rng = random.Random(7)
-    words = "reset password account billing invoice refund shipping order status cancel".split()
+    words = ["reset", "password", "account", "billing", "invoice", "refund", "order", "cancel"]
     tenants = [f"tenant-{i}" for i in range(6)]
     cache = ResponseCache(InMemoryStore(), None)
     loose = CachePolicy(semantic=SemanticCacheConfig(gate="cosine", threshold=0.0))
@@ -135,7 +157,8 @@ async def test_ttl_and_max_entries_in_memory(
     monkeypatch.setattr("cache.index.time.time", lambda: clock[0])
     monkeypatch.setattr("cache.semantic.time.time", lambda: clock[0])
     policy = CachePolicy(
-        exact=False, semantic=SemanticCacheConfig(gate="cosine", threshold=0.99, ttl=10, max_entries=2)
+        exact=False,
+        semantic=SemanticCacheConfig(gate="cosine", threshold=0.99, ttl=10, max_entries=2),
     )
     cache = ResponseCache(InMemoryStore(), None)
     for i, q in enumerate(["first question", "second question", "third question"]):

@@ -10,7 +10,13 @@ from cache.verifier import DEFAULT_ARTIFACT, FEATURE_NAMES, TreeEnsemble, Verifi
 
 
 def test_features_have_the_declared_length_and_catch_mismatches() -> None:
-    f = dict(zip(FEATURE_NAMES, pair_features("He paid 5 dollars.", "He paid 7 dollars.", 0.9), strict=True))
+    f = dict(
+        zip(
+            FEATURE_NAMES,
+            pair_features("He paid 5 dollars.", "He paid 7 dollars.", 0.9),
+            strict=True,
+        )
+    )
     assert len(f) == len(FEATURE_NAMES)
     assert f["number_mismatch"] == 1.0
     g = dict(zip(FEATURE_NAMES, pair_features("It is safe.", "It is not safe.", 0.9), strict=True))

