@@ -1,4 +1,4 @@
-"""A discrete-event run of N simulated vLLM replicas behind one router, in virtual time.
+"""A discrete-event run of N simulated vLLM replicas behind one or more routers, in virtual time.
 
 Each replica is the simulator's own engine (``bench.sim.engine.ReplicaEngine``: vLLM's
 scheduler, block pool with prefix caching and LRU eviction, step timings of a GPU profile).
@@ -16,6 +16,11 @@ What the router sees is what it would see in production, with production's delay
   ``kv_event_delay_s`` after the step started (the publish-to-receipt lag measured on real
   vLLM was 1-71 ms).
 Routing takes no virtual time; its real CPU cost is measured separately (``route_us``).
+
+Several gateway instances (``gateways``): each is a router with its own ``Replica`` objects,
+as separate gateway processes would have: its outstanding counts are its own requests only,
+while the scraped queue counts and every KV event reach all instances alike. ``split`` picks
+the instance for each arriving request (the load balancer in front of the gateways).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class Job:
     group: str = ""  # the prefix group (tenant or conversation), for the oracle
     key: object = None  # the workload's own reference (conversation state)
     # filled by the run
+    gateway: int = 0
     replica: int = -1
     reason: str = ""
     matched: int = 0  # what the router believed cached (its unit: characters or tokens)
@@ -65,6 +71,22 @@ class Workload(Protocol):
     def follow_up(self, job: Job, now: float) -> Job | None: ...
 
 
+@dataclass(frozen=True)
+class GatewaySpec:
+    """One more gateway instance in front of the same pool (its router and KV index)."""
+
+    router: Router
+    kv_index: KVBlockIndex | None = None
+
+
+@dataclass(eq=False)
+class _Gateway:
+    router: Router
+    kv_index: KVBlockIndex | None
+    replicas: list[Replica]
+    observe: Callable[[Replica, object], None] | None
+
+
 @dataclass
 class RunResult:
     jobs: list[Job]
@@ -75,6 +97,10 @@ class RunResult:
     route_us: float
     reasons: dict[str, int]
     preemptions: int
+    window_end: float  # the last arrival of the workload's initial jobs
+    waiting_at_mid: int  # requests queued in the engines halfway from warm-up to window_end
+    waiting_at_end: int  # ... and at window_end (growing: the pool does not keep up)
+    running_at_end: int
 
 
 _ARRIVE, _STEP, _END, _EVENTS, _SCRAPE, _MARK = range(6)
@@ -102,6 +128,8 @@ class PoolRun:
         scrape_interval_s: float = 1.0,
         kv_event_delay_s: float = 0.02,
         warmup_s: float = 0.0,
+        gateways: Sequence[GatewaySpec] = (),
+        split: Callable[[Job], int] | None = None,
     ) -> None:
         self.params = params
         self.router = router
@@ -110,12 +138,24 @@ class PoolRun:
         self.kv_event_delay_s = kv_event_delay_s
         self.warmup_s = warmup_s
         self.engines = [ReplicaEngine(params, name=f"sim-{i}") for i in range(replicas)]
-        self.replicas = [Replica("sim", f"http://sim-{i}.invalid:8000/v1") for i in range(replicas)]
+        self.gateways = [
+            _Gateway(
+                spec.router,
+                spec.kv_index,
+                [Replica("sim", f"http://sim-{i}.invalid:8000/v1") for i in range(replicas)],
+                getattr(spec.router, "observe_metrics", None),
+            )
+            for spec in (GatewaySpec(router, kv_index), *gateways)
+        ]
+        self.replicas = self.gateways[0].replicas
+        self._split = split or (lambda job: 0)
         self.sim_clock = clock or SimClock()
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = itertools.count()
         self._busy = [False] * replicas
-        self._inflight: dict[str, tuple[Job, LoadGuard, RoutingDecision, RoutingRequest]] = {}
+        self._inflight: dict[
+            str, tuple[Job, LoadGuard, RoutingDecision, RoutingRequest, _Gateway]
+        ] = {}
         self._ids = itertools.count()
         self._area = [0.0] * replicas  # integral of outstanding over time
         self._last_change = 0.0
@@ -124,8 +164,7 @@ class PoolRun:
         self._route_ns = 0
         self._routed = 0
         self.reasons: dict[str, int] = {}
-        observe = getattr(router, "observe_metrics", None)
-        self._observe: Callable[[Replica, object], None] | None = observe
+        self._queued: dict[str, tuple[int, int]] = {}  # mark -> (waiting, running)
 
     @property
     def now(self) -> float:
@@ -142,8 +181,8 @@ class PoolRun:
         t = min(self.now, self._measure_until)
         dt = t - self._last_change
         if dt > 0:
-            for i, r in enumerate(self.replicas):
-                self._area[i] += r.outstanding * dt
+            for i in range(len(self._area)):
+                self._area[i] += sum(g.replicas[i].outstanding for g in self.gateways) * dt
             self._last_change = t
 
     def run(self, workload: Workload) -> RunResult:
@@ -154,6 +193,8 @@ class PoolRun:
         self._measure_until = max(arrivals) if arrivals else 0.0
         self._last_change = self.warmup_s
         self._push(self.warmup_s, _MARK, None)
+        self._push((self.warmup_s + self._measure_until) / 2, _MARK, "mid")
+        self._push(self._measure_until, _MARK, "end")
         if self.scrape_interval_s > 0:
             self._push(0.0, _SCRAPE, None)
         while self._heap:
@@ -171,12 +212,19 @@ class PoolRun:
                 self._end(payload[0], payload[1], workload)
             elif kind == _EVENTS:
                 assert isinstance(payload, tuple)
-                assert self.kv_index is not None
-                self.kv_index.apply(payload[0], decode_batch(payload[1]))
+                batch = decode_batch(payload[1])
+                for g in self.gateways:
+                    if g.kv_index is not None:
+                        g.kv_index.apply(payload[0], batch)
             elif kind == _SCRAPE:
                 self._scrape()
                 if self._inflight or self._heap:
                     self._push(t + self.scrape_interval_s, _SCRAPE, None)
+            elif kind == _MARK and isinstance(payload, str):
+                self._queued[payload] = (
+                    sum(e.num_waiting for e in self.engines),
+                    sum(e.num_running for e in self.engines),
+                )
             elif kind == _MARK:
                 self._base = self._totals()
         hits, queries = self._totals()
@@ -193,6 +241,10 @@ class PoolRun:
             route_us=self._route_ns / 1000 / max(self._routed, 1),
             reasons=dict(self.reasons),
             preemptions=sum(e.counters.num_preemptions for e in self.engines),
+            window_end=self._measure_until,
+            waiting_at_mid=self._queued.get("mid", (0, 0))[0],
+            waiting_at_end=self._queued.get("end", (0, 0))[0],
+            running_at_end=self._queued.get("end", (0, 0))[1],
         )
 
     def _totals(self) -> tuple[int, int]:
@@ -208,18 +260,20 @@ class PoolRun:
             tenant=job.tenant,
             session_key=job.session,
         )
+        job.gateway = self._split(job)
+        g = self.gateways[job.gateway]
         t0 = time.perf_counter_ns()
-        decision = self.router.choose(self.replicas, request)
+        decision = g.router.choose(g.replicas, request)
         self._route_ns += time.perf_counter_ns() - t0
         self._routed += 1
         assert decision is not None
-        i = self.replicas.index(decision.replica)
+        i = g.replicas.index(decision.replica)
         job.replica, job.reason, job.matched = i, decision.reason, decision.matched_prefix
         self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
         self._account()
         guard = LoadGuard(decision.replica)
         rid = f"r{next(self._ids)}"
-        self._inflight[rid] = (job, guard, decision, request)
+        self._inflight[rid] = (job, guard, decision, request, g)
         self.engines[i].add_request(rid, job.tokens, job.max_tokens, self.now)
         if not self._busy[i]:
             self._schedule(i)
@@ -234,14 +288,14 @@ class PoolRun:
 
     def _step(self, i: int) -> None:
         result = self.engines[i].step(self.now)
-        if self.kv_index is not None and result.kv_events:
+        if result.kv_events and any(g.kv_index is not None for g in self.gateways):
             payload = encode_batch(result.kv_events, result.start)
             self._push(self.now + self.kv_event_delay_s, _EVENTS, (self.replicas[i].name, payload))
         self._push(result.end, _END, (i, result))
 
     def _end(self, i: int, result: StepResult, workload: Workload) -> None:
         for out in result.outputs:
-            job, guard, decision, request = self._inflight[out.request_id]
+            job, guard, decision, request, g = self._inflight[out.request_id]
             if job.first_token_at is None:
                 job.first_token_at = self.now
                 job.cached = out.num_cached_tokens
@@ -250,7 +304,7 @@ class PoolRun:
                 del self._inflight[out.request_id]
                 self._account()
                 guard.release()
-                self.router.on_complete(decision, request, True)
+                g.router.on_complete(decision, request, True)
                 job.finished_at = self.now
                 follow = workload.follow_up(job, self.now)
                 if follow is not None:
@@ -258,12 +312,14 @@ class PoolRun:
         self._schedule(i)
 
     def _scrape(self) -> None:
-        for engine, replica in zip(self.engines, self.replicas, strict=True):
+        for i, engine in enumerate(self.engines):
             sample = parse_vllm_metrics(engine.prometheus_text(self.params.served_model_name))
-            replica.waiting, replica.running = sample.waiting, sample.running
-            replica.kv_usage = sample.kv_usage
-            if self._observe is not None:
-                self._observe(replica, sample)
+            for g in self.gateways:  # every instance scrapes the same replica
+                replica = g.replicas[i]
+                replica.waiting, replica.running = sample.waiting, sample.running
+                replica.kv_usage = sample.kv_usage
+                if g.observe is not None:
+                    g.observe(replica, sample)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -23,6 +23,16 @@ Workloads (seeded; ``--seed``):
 - no_reuse: unique prompts (0.5-2.5k tokens), Poisson arrivals (30/s for 4 replicas): no
   prefix can help.
 --quick simulates 24 s (8 s warm-up) of each, the full run 120 s (20 s warm-up).
+``--load 1,1.5,2`` multiplies every workload's arrival rate (requests/s, conversation starts/s)
+by each factor in turn, over the same simulated duration; a multiturn load that needs more
+conversations than the file holds replays it again, each copy's first message tagged so that
+copies share no prefix. Beside the figures above, each row states whether the pool kept up:
+served_frac = the fraction of requests arrived in the window [warm-up, last arrival of the
+workload] whose first token came inside it (about 1.0 when stable, lower when a queue builds),
+and waiting_mid / waiting_end = requests queued in the engines halfway through the window and
+when it closed (a queue that grows from one to the other is a pool that does not keep up).
+TTFTs count requests arrived inside that window (multiturn turns that arrive after it, while
+conversations wind down at a falling load, are not measured).
 
 The pool: the ``h100-llama3-8b`` simulator profile's timings with a KV cache of
 ``--kv-blocks`` blocks of 16 tokens per replica (default 4096 = 65,536 tokens, about one sixth
@@ -45,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._routing_des import Job, PoolRun, SimClock, Workload, percentile
+from bench._routing_des import Job, PoolRun, RunResult, SimClock, Workload, percentile
 from bench.sim.params import SimParams, load_profile
 from bench.sim.tokenizer import SPECIAL_TOKENS, detokenize
 from bench.sim.tokenizer import tokenize as sim_tokenize
@@ -132,6 +142,17 @@ FULL = Scale(
     duration_s=120.0, tenants=72, rate=40.0, zipf=0.3, conversations=1100, conv_rate=9.0,
     no_reuse_rate=30.0, warmup_s=20.0,
 )  # fmt: skip
+
+
+def at_load(scale: Scale, load: float) -> Scale:
+    """The same workloads over the same duration with every arrival rate times ``load``."""
+    return dataclasses.replace(
+        scale,
+        rate=scale.rate * load,
+        conv_rate=scale.conv_rate * load,
+        no_reuse_rate=scale.no_reuse_rate * load,
+        conversations=math.ceil(scale.conversations * load),
+    )
 
 
 class SharedPrefix:
@@ -223,6 +244,7 @@ class MultiTurn:
         self.max_model_len = max_model_len
         self.rate = scale.conv_rate * replicas / 4
         self.rows: list[tuple[str, list[str], list[int]]] = []
+        want = scale.conversations * replicas // 4
         with path.open(encoding="utf-8") as f:
             for line in f:
                 row = json.loads(line)
@@ -232,8 +254,13 @@ class MultiTurn:
                 lens = [max(16, min(self.max_reply, len(sim_tokenize(r)))) for r in replies]
                 lens += [self.max_reply] * (len(users) - len(lens))
                 self.rows.append((str(row["id"]), users, lens))
-                if len(self.rows) >= scale.conversations * replicas // 4:
+                if len(self.rows) >= want:
                     break
+        originals = len(self.rows)
+        for k in range(originals, want if originals else 0):
+            cid, users, lens = self.rows[k % originals]
+            copy = k // originals
+            self.rows.append((f"{cid}#{copy}", [f"[copy {copy}] {users[0]}", *users[1:]], lens))
         self.starts = []
         t = 0.0
         for _ in self.rows:
@@ -329,12 +356,19 @@ def run_one(
     t0 = time.perf_counter()
     res = run.run(workload)
     wall = time.perf_counter() - t0
-    measured = [j for j in res.jobs if j.arrival >= scale.warmup_s and j.first_token_at]
-    ttft = [(j.first_token_at or 0) - j.arrival for j in measured]
+    return summarize(res, strategy, workload.name, replicas, scale.warmup_s, wall)
+
+
+def summarize(
+    res: RunResult, strategy: str, workload: str, replicas: int, warmup_s: float, wall: float
+) -> dict[str, Any]:
+    measured = [j for j in res.jobs if warmup_s <= j.arrival <= res.window_end]
+    ttft = [(j.first_token_at or 0) - j.arrival for j in measured if j.first_token_at]
+    served = sum(1 for j in measured if (j.first_token_at or math.inf) <= res.window_end)
     out_tokens = sum(len(j.output) for j in res.jobs)
     return {
         "strategy": strategy,
-        "workload": workload.name,
+        "workload": workload,
         "replicas": replicas,
         "requests": len(res.jobs),
         "hit_rate": round(res.hits / res.queries, 4) if res.queries else 0.0,
@@ -345,6 +379,9 @@ def run_one(
         "imbalance": round(res.imbalance, 3),
         "route_us": round(res.route_us, 1),
         "preemptions": res.preemptions,
+        "served_frac": round(served / len(measured), 4) if measured else 1.0,
+        "waiting_mid": res.waiting_at_mid,
+        "waiting_end": res.waiting_at_end,
         "reasons": res.reasons,
         "wall_s": round(wall, 2),
     }
@@ -364,8 +401,10 @@ def build_workload(
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = ("workload", "strategy", "hit_rate", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
-            "throughput_tok_s", "imbalance", "route_us")  # fmt: skip
+    head: tuple[str, ...] = ("workload", "strategy", "hit_rate", "ttft_p50_ms", "ttft_p90_ms",
+                             "ttft_p99_ms", "throughput_tok_s", "imbalance", "route_us")  # fmt: skip
+    if any(r["load"] != 1.0 for r in rows):
+        head = ("load", *head[:-1], "served_frac", "waiting_mid", "waiting_end")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append("| " + " | ".join(str(r[h]) for h in head) + " |")
@@ -374,15 +413,16 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 def _ratios(rows: list[dict[str, Any]]) -> list[str]:
     out = []
-    by = {(r["workload"], r["strategy"]): r for r in rows}
-    for w in WORKLOADS:
-        rr, ll = by.get((w, "round_robin")), by.get((w, "least_loaded"))
-        sg = by.get((w, "sglang_cache_aware"))
+    by = {(r["load"], r["workload"], r["strategy"]): r for r in rows}
+    for load, w in sorted({(r["load"], r["workload"]) for r in rows},
+                          key=lambda lw: (lw[0], WORKLOADS.index(lw[1]))):  # fmt: skip
+        rr, ll = by.get((load, w, "round_robin")), by.get((load, w, "least_loaded"))
+        sg = by.get((load, w, "sglang_cache_aware"))
         for ours in ("prefix", "prefix_precise"):
-            o = by.get((w, ours))
+            o = by.get((load, w, ours))
             if o is None:
                 continue
-            parts = [f"{w} {ours}:"]
+            parts = [f"{w} {ours}:" if load == 1.0 else f"{w} x{load:g} {ours}:"]
             if rr and rr["hit_rate"]:
                 parts.append(f"hit x{o['hit_rate'] / rr['hit_rate']:.2f} vs round_robin")
             if sg:
@@ -413,9 +453,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conversations", type=Path, default=DEFAULT_CONVERSATIONS)
     ap.add_argument("--oracle", action="store_true", help="also run the group oracle")
     ap.add_argument("--zipf", type=float, default=None, help="shared_prefix tenant skew")
+    ap.add_argument("--load", default="1", help="arrival-rate factors, comma-separated: 1,2")
     args = ap.parse_args(argv)
     if args.replicas < 1:
         ap.error("--replicas must be >= 1")
+    try:
+        loads = [float(x) for x in args.load.split(",")]
+    except ValueError:
+        ap.error("--load takes numbers separated by commas")
+    if not loads or min(loads) <= 0:
+        ap.error("--load factors must be positive")
     scale = QUICK if args.quick else FULL
     if args.zipf is not None:
         scale = dataclasses.replace(scale, zipf=args.zipf)
@@ -426,23 +473,25 @@ def main(argv: list[str] | None = None) -> int:
         strategies.append("oracle")
     tok = SegmentTokenizer()
     rows: list[dict[str, Any]] = []
-    for w in workloads:
-        workload = build_workload(
-            w, scale, args.seed, tok, args.replicas, params, args.conversations
-        )
+    for load, w in ((load, w) for load in loads for w in workloads):
+        at = at_load(scale, load)
+        workload = build_workload(w, at, args.seed, tok, args.replicas, params, args.conversations)
         for s in strategies:
-            row = run_one(s, workload, params, args.replicas, scale, tok)
+            row = {"load": load, **run_one(s, workload, params, args.replicas, at, tok)}
             rows.append(row)
             if args.json:
                 keys = ("strategy", "workload", "hit_rate", "ttft_p50_ms", "ttft_p99_ms",
                         "imbalance", "ttft_p90_ms", "throughput_tok_s", "route_us", "replicas",
-                        "requests")  # fmt: skip
+                        "requests", "load", "served_frac", "waiting_mid", "waiting_end",
+                        "preemptions")  # fmt: skip
                 print(json.dumps({k: row[k] for k in keys}), flush=True)
             else:
-                print(f"{w:13} {s:18} hit={row['hit_rate']:.3f} p50={row['ttft_p50_ms']}ms "
-                      f"p99={row['ttft_p99_ms']}ms imb={row['imbalance']} "
-                      f"reasons={row['reasons']} wall={row['wall_s']}s",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(f"x{load:<4g} {w:13} {s:18} hit={row['hit_rate']:.3f} "
+                      f"p50={row['ttft_p50_ms']}ms p99={row['ttft_p99_ms']}ms "
+                      f"imb={row['imbalance']} served={row['served_frac']} "
+                      f"waiting={row['waiting_mid']}->{row['waiting_end']} "
+                      f"reasons={row['reasons']} "
+                      f"wall={row['wall_s']}s", file=sys.stderr, flush=True)  # fmt: skip
     if not args.json:
         print(_table(rows))
         print()
