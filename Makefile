@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: demo test install install-dev vllm-env redis-server litellm-env lint typecheck \
-        test-fast bench-overhead bench-routing bench-cache clean
+        test-fast bench-overhead bench-routing bench-cache tracing-ui check-dashboard clean
 
 # The gateway with its semantic cache (what `make demo` needs besides vLLM). torch is pinned
 # to the local CPU wheel first, so nothing pulls a CUDA build.
@@ -64,5 +64,13 @@ bench-routing: install-dev
 bench-cache: install-dev redis-server
 	$(BIN)/python -m bench.cache
 
+# A local tracing UI (Arize Phoenix, own venv .venv-phoenix) on http://127.0.0.1:6006;
+# then, in another terminal: DEMO_TRACING=true make demo
+tracing-ui:
+	bash deploy/tracing-ui.sh
+
+check-dashboard: install
+	$(BIN)/python deploy/check_dashboard.py
+
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-litellm .cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .venv-litellm .venv-phoenix .cache .mypy_cache .ruff_cache
