@@ -95,7 +95,7 @@ class RedisServer:
 def redis_server() -> Iterator[RedisServer]:
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.skip("redis-server is not installed")
+        pytest.fail("redis-server is not installed: run `make redis-server`")
     server = RedisServer(binary, free_port())
     server.start()
     try:

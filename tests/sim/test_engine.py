@@ -283,7 +283,7 @@ print(json.dumps(out))
 @pytest.mark.vllm
 def test_block_hashes_equal_real_vllms() -> None:
     if not (VLLM_PYTHON.parent.parent / ".complete").exists():
-        pytest.skip("no vLLM environment (.venv-vllm)")
+        pytest.fail("no vLLM environment (.venv-vllm): run `make vllm-env`")
     ids = [*prompt(5, 50), 70_000, 2**20, 3]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     done = subprocess.run(
