@@ -36,7 +36,7 @@ from redis.typing import EncodableT
 
 from cache.index import IndexEntry
 from cache.keys import CacheScope, scope_prefix
-from cache.store import IndexSink, StoredResponse, StoreUnavailable
+from cache.store import IndexSink, StoredResponse, StoreUnavailable, notify
 
 log = logging.getLogger(__name__)
 
@@ -200,12 +200,12 @@ class RedisStore:
                 await self._evict(r, path, zname, excess)
 
         await self._call(run)
-        for sink in self._sinks:
-            sink.add(entry)
+        await notify(self._sinks, lambda sink: sink.add(entry))
 
     async def _evict(self, r: aioredis.Redis, path: str, zname: str, count: int) -> None:
         victims: list[tuple[bytes, float]] = await r.zpopmin(zname, count)  # type: ignore[assignment]
         pipe = r.pipeline(transaction=False)
+        evicted: list[str] = []
         for member, _score in victims:
             entry_id = member.decode() if isinstance(member, bytes) else str(member)
             pipe.unlink(f"{self.prefix}:e:{path}:{entry_id}")
@@ -215,9 +215,9 @@ class RedisStore:
                 maxlen=self.stream_maxlen,
                 approximate=True,
             )
-            for sink in self._sinks:
-                sink.remove(entry_id)
+            evicted.append(entry_id)
         await pipe.execute()
+        await notify(self._sinks, lambda sink: [sink.remove(e) for e in evicted])
 
     async def purge(self, tenant: str, namespace: str | None = None) -> int:
         prefix = scope_prefix(tenant, namespace)
@@ -244,8 +244,7 @@ class RedisStore:
 
         # A purge is an admin call: give it longer than a lookup, and let its errors surface.
         removed = await self._call(run, timeout_s=max(self.timeout_s, 30.0))
-        for sink in self._sinks:
-            sink.purge(prefix)
+        await notify(self._sinks, lambda sink: sink.purge(prefix))
         return removed
 
     def _checked(self, scope: CacheScope, raw: list[bytes | str | None]) -> StoredResponse | None:

@@ -16,9 +16,10 @@ that into a miss, never into a failed request.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,6 +39,12 @@ class IndexSink(Protocol):
     def purge(self, scope_prefix: str) -> int: ...
 
     def replace_all(self, entries: Iterable[IndexEntry]) -> None: ...
+
+
+async def notify(sinks: list[IndexSink], change: Callable[[IndexSink], object]) -> None:
+    """Apply an index change in a worker thread: an HNSW insert or rebuild can take a while."""
+    if sinks:
+        await asyncio.to_thread(lambda: [change(sink) for sink in sinks])
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,17 +148,21 @@ class InMemoryStore:
         self._entries[entry.entry_id] = _MemEntry(entry.scope, response, entry.expires_at)
         members = self._by_scope.setdefault(entry.scope, {})
         members[entry.entry_id] = entry.expires_at
-        for sink in self._sinks:
-            sink.add(entry)
-        expired = [eid for eid, exp in members.items() if exp <= now]
-        for entry_id in expired:
-            self._drop(entry_id)
-        if len(members) > max_entries:
+        doomed = [eid for eid, exp in members.items() if exp <= now]
+        if len(members) - len(doomed) > max_entries:
             # The entries closest to expiry go first (the oldest, under one TTL).
-            for entry_id, _ in sorted(members.items(), key=lambda kv: kv[1])[
-                : len(members) - max_entries
-            ]:
-                self._drop(entry_id)
+            ranked = sorted(members.items(), key=lambda kv: kv[1])
+            doomed = [eid for eid, _ in ranked[: len(members) - max_entries]]
+        for entry_id in doomed:
+            self._forget(entry_id)
+
+        def update_index() -> None:
+            for sink in self._sinks:
+                sink.add(entry)
+                for entry_id in doomed:
+                    sink.remove(entry_id)
+
+        await asyncio.to_thread(update_index)
 
     async def purge(self, tenant: str, namespace: str | None = None) -> int:
         prefix = scope_prefix(tenant, namespace)
@@ -164,11 +175,15 @@ class InMemoryStore:
                 self._entries.pop(entry_id, None)
                 removed += 1
             del self._by_scope[scope]
-        for sink in self._sinks:
-            sink.purge(prefix)
+        await notify(self._sinks, lambda sink: sink.purge(prefix))
         return removed
 
     def _drop(self, entry_id: str) -> None:
+        self._forget(entry_id)
+        for sink in self._sinks:
+            sink.remove(entry_id)
+
+    def _forget(self, entry_id: str) -> None:
         found = self._entries.pop(entry_id, None)
         if found is not None:
             members = self._by_scope.get(found.scope)
@@ -176,5 +191,3 @@ class InMemoryStore:
                 members.pop(entry_id, None)
                 if not members:
                     del self._by_scope[found.scope]
-        for sink in self._sinks:
-            sink.remove(entry_id)

@@ -39,7 +39,9 @@ async def test_concurrent_requests_share_one_encode(model: SentenceTransformerEm
 
 def test_onnx_matches_sentence_transformers(model: SentenceTransformerEmbedder) -> None:
     if model.backend != "onnx":
-        pytest.fail("the ONNX backend did not load (onnxruntime and onnx come with the cache extra)")
+        pytest.fail(
+            "the ONNX backend did not load (onnxruntime and onnx come with the cache extra)"
+        )
     torch_model = SentenceTransformerEmbedder(backend="torch")
     texts = ["short", "a somewhat longer sentence about quarterly earnings of 4.5 percent"]
     assert np.abs(model.embed_sync(texts) - torch_model.embed_sync(texts)).max() < 1e-4
