@@ -1,0 +1,167 @@
+"""The servers that bench.overhead compares, started side by side on one fake upstream.
+
+Direct (the upstream itself), the floor (bench._bare_proxy), llm-gateway (its CLI, with a
+policy naming the upstream as a one-replica vLLM backend) and the LiteLLM proxy (from
+.venv-litellm, configured as bench/litellm-env.sh's notes say: callbacks off, no retries, no
+spend logs). Proxies are pinned to one core, the upstream to the load generator's core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import _procs
+from bench._loadgen import Target
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "bench-model"
+LITELLM_KEY = "sk-bench-overhead"
+
+
+def body(stream: bool) -> bytes:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Say hello in five words."}],
+        "max_tokens": 64,
+        "stream": stream,
+    }
+    return json.dumps(body).encode()
+
+
+def target(port: int, stream: bool, extra: dict[str, str] | None = None) -> Target:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {LITELLM_KEY}"}
+    path = "/v1/chat/completions"
+    return Target.build("127.0.0.1", port, path, body(stream), {**headers, **(extra or {})})
+
+
+def probe(port: int) -> bytes:
+    return target(port, False, {"Connection": "close"}).raw_request
+
+
+@dataclass
+class Proxy:
+    name: str
+    server: _procs.Server | None  # None for direct
+    plain: Target
+    stream: Target
+
+
+def _gateway_command(policy: Path, port: int) -> list[str] | None:
+    exe = Path(sys.executable).parent / "llm-gateway"
+    found = str(exe) if exe.exists() else shutil.which("llm-gateway")
+    if found is None:
+        return None
+    return [found, "serve", "--policy", str(policy), "--host", "127.0.0.1", "--port", str(port)]
+
+
+def _litellm_files(tmp: Path, upstream_port: int) -> tuple[list[str], dict[str, str]] | None:
+    exe = ROOT / ".venv-litellm" / "bin" / "litellm"
+    if not exe.exists():
+        return None
+    config = {
+        "model_list": [
+            {
+                "model_name": MODEL,
+                "litellm_params": {
+                    "model": f"openai/{MODEL}",
+                    "api_base": f"http://127.0.0.1:{upstream_port}/v1",
+                    "api_key": "dummy",
+                },
+            }
+        ],
+        "litellm_settings": {
+            "callbacks": [],
+            "success_callback": [],
+            "failure_callback": [],
+            "num_retries": 0,
+        },
+        "router_settings": {"num_retries": 0},
+        "general_settings": {"disable_spend_logs": True, "disable_error_logs": True},
+    }
+    path = tmp / "litellm.yaml"
+    path.write_text(json.dumps(config, indent=1))  # YAML is a superset of JSON
+    env = {
+        "LITELLM_MASTER_KEY": LITELLM_KEY,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_TELEMETRY_DISABLED": "true",
+        "LITELLM_LOG": "ERROR",
+        "DISABLE_ADMIN_UI": "True",
+        "PYTHONDONTWRITEBYTECODE": "",
+    }
+    return [str(exe), "--config", str(path), "--host", "127.0.0.1", "--num_workers", "1"], env
+
+
+async def start_all(
+    args: argparse.Namespace,
+    tmp: Path,
+    servers: list[_procs.Server],
+    say: Callable[[str], None],
+) -> tuple[Proxy, list[Proxy], dict[str, str]]:
+    """Start upstream and proxies; returns direct, the proxies, and why any was skipped."""
+    python = sys.executable
+    proxy_core, load_core = (1, 0) if args.pin else (None, None)
+    up_port = _procs.free_port()
+    upstream = _procs.start(
+        "upstream",
+        [python, "-m", "bench.fake_upstream", "--port", str(up_port), "--model", MODEL,
+         "--latency-ms", str(args.upstream_latency_ms), "--chunks", str(args.chunks),
+         "--chunk-interval-ms", str(args.chunk_interval_ms)],
+        up_port, tmp, load_core,
+    )  # fmt: skip
+    servers.append(upstream)
+    skipped: dict[str, str] = {}
+    pending: list[_procs.Server] = []
+
+    def launch(name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        port = _procs.free_port()
+        cmd = [c.replace("{port}", str(port)) for c in cmd]
+        server = _procs.start(name, cmd, port, tmp, proxy_core, env)
+        servers.append(server)
+        pending.append(server)
+
+    launch("floor", [python, "-m", "bench._bare_proxy", "--port", "{port}",
+                     "--upstream", f"http://127.0.0.1:{up_port}"])  # fmt: skip
+    if not args.skip_gateway:
+        policy = tmp / "policy.yaml"
+        # Admission is lifted: its default (64 in flight per replica) protects a real vLLM
+        # replica, but with one fake replica it would cap streams (1.3 s each) near 49/s and
+        # the rate search would measure the cap, not the relay.
+        policy.write_text(
+            "backends:\n"
+            f"  up: {{kind: vllm, replicas: ['http://127.0.0.1:{up_port}/v1'],"
+            " health: {interval_s: 5}}\n"
+            "models:\n"
+            f"  {MODEL}: {{backend: up}}\n"
+            "admission: {max_outstanding_per_replica: 1000000, max_waiting: null}\n"
+        )
+        command = _gateway_command(policy, 0)
+        if command is None:
+            skipped["gateway"] = "llm-gateway is not installed in this environment"
+        else:
+            launch("gateway", [*command[:-1], "{port}"])
+    if not args.skip_litellm:
+        found = _litellm_files(tmp, up_port)
+        if found is None:
+            skipped["litellm"] = ".venv-litellm is missing: run bench/litellm-env.sh"
+        else:
+            launch("litellm", [*found[0], "--port", "{port}"], found[1])
+    await _procs.wait_ready(upstream, probe(up_port), 30)
+    proxies = []
+    for server in pending:
+        try:
+            await _procs.wait_ready(server, probe(server.port), 90)
+        except RuntimeError as exc:
+            skipped[server.name] = str(exc)
+            say(f"{server.name} skipped: {exc}")
+            server.stop()
+            continue
+        proxies.append(Proxy(server.name, server, target(server.port, False),
+                             target(server.port, True)))  # fmt: skip
+    direct = Proxy("direct", None, target(up_port, False), target(up_port, True))
+    return direct, proxies, skipped
