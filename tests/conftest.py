@@ -14,6 +14,7 @@ from bench.fake_upstream import FakeSettings, FakeUpstream, site_port, start_fak
 from gateway.app import GATEWAY, Gateway, create_app
 from policies.loader import parse_policy
 from policies.telemetry import Telemetry
+from tests.cache.conftest import redis_server  # noqa: F401 (a real redis-server, for every tier)
 
 
 @dataclass

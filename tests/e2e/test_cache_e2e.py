@@ -3,30 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.cache.conftest import RedisServer, free_port
+from tests.cache.conftest import RedisServer
 from tests.conftest import FakeFactory, GatewayFactory, RunningGateway
 
 QUESTION: Any = [{"role": "user", "content": "What is the boiling point of water at sea level?"}]
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisServer]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed: run `make redis-server`")
-    server = RedisServer(binary, free_port())
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def policy(url: str, cache: str, store: str = "", tenants: str = "") -> str:
@@ -144,7 +129,7 @@ async def test_tenants_never_share_entries(
     make_fake: FakeFactory,
     make_gateway: GatewayFactory,
     monkeypatch: pytest.MonkeyPatch,
-    redis: RedisServer,
+    redis_server: RedisServer,
 ) -> None:
     monkeypatch.setenv("CACHE_TEST_KEY_A", "tenant-a-key-1")
     monkeypatch.setenv("CACHE_TEST_KEY_B", "tenant-b-key-1")
@@ -153,7 +138,7 @@ async def test_tenants_never_share_entries(
   a: {api_keys: ["${CACHE_TEST_KEY_A}"]}
   b: {api_keys: ["${CACHE_TEST_KEY_B}"]}
 """
-    store = f'cache_store: {{redis_url: "{redis.url}"}}'
+    store = f'cache_store: {{redis_url: "{redis_server.url}"}}'
     gw_a = await make_gateway(
         policy(up.url, "{exact: true}", store, tenants), api_key="tenant-a-key-1"
     )
@@ -167,20 +152,20 @@ async def test_tenants_never_share_entries(
 
 
 async def test_two_gateways_share_redis_and_survive_its_death(
-    make_fake: FakeFactory, make_gateway: GatewayFactory, redis: RedisServer
+    make_fake: FakeFactory, make_gateway: GatewayFactory, redis_server: RedisServer
 ) -> None:
     up = await make_fake()
-    store = f'cache_store: {{redis_url: "{redis.url}", timeout_ms: 50}}'
+    store = f'cache_store: {{redis_url: "{redis_server.url}", timeout_ms: 50}}'
     first = await make_gateway(policy(up.url, "{exact: true}", store))
     second = await make_gateway(policy(up.url, "{exact: true}", store))
     assert (await ask(first))[1] == "miss"
     assert (await ask(second))[1] == "exact"  # stored by the other instance
-    redis.stop()
+    redis_server.stop()
     for i in range(5):  # Redis is gone: every request still answers, as a miss
         text, kind = await ask(first, messages=[{"role": "user", "content": f"q{i}"}])
         assert text == "hello from the fake upstream"
         assert kind == "miss"
-    redis.start()
+    redis_server.start()
     for _ in range(100):  # the store notices Redis is back within its retry interval
         await ask(first, messages=[{"role": "user", "content": "after"}])
         if (await ask(first, messages=[{"role": "user", "content": "after"}]))[1] == "exact":
