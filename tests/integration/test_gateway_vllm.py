@@ -159,6 +159,11 @@ async def test_client_disconnect_aborts_the_request_in_vllm(
         root = f"http://{replica}"
         for _ in range(3):
             await resp.content.readline()
+        for _ in range(60):  # vLLM publishes its gauges a little after the first tokens
+            if await replica_metric(root, "vllm:num_requests_running") == 1:
+                break
+            await resp.content.readline()
+            await asyncio.sleep(0.05)
         assert await replica_metric(root, "vllm:num_requests_running") == 1
         resp.close()  # the client goes away
         closed_at = time.monotonic()
