@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+from routing.prompt_text import render_chat as render_chat  # the gateway's ChatML, shared
+
 VOCAB_SIZE = 128_000
 SPECIAL_TOKENS: dict[str, int] = {
     "<|endoftext|>": 0,
@@ -85,33 +87,6 @@ def detokenize(token_ids: Iterable[int]) -> str:
     words = _output_vocab()[1]
     inverse_special = {v: k for k, v in SPECIAL_TOKENS.items()}
     return "".join(words.get(t) or inverse_special.get(t) or f"<{t}>" for t in token_ids)
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        parts: list[str] = []
-        for part in content:
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part, str):
-                parts.append(part)
-        return "".join(parts)
-    return str(content)
-
-
-def render_chat(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
-    """ChatML, as the tiny model's tokenizer and Qwen-style templates render it."""
-    out = [
-        f"<|im_start|>{m.get('role', 'user')}\n{_content_text(m.get('content'))}<|im_end|>\n"
-        for m in messages
-    ]
-    if add_generation_prompt:
-        out.append("<|im_start|>assistant\n")
-    return "".join(out)
 
 
 def tokenize_chat(
