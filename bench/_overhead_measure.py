@@ -115,6 +115,23 @@ async def open_loop(
     return samples, sent_rate
 
 
+async def closed_loop(target: Target, concurrency: int, duration: float) -> list[Sample]:
+    """`concurrency` senders, each sending its next request when the last one is answered.
+
+    The completion rate is the target's saturation throughput (when the generator is not
+    the limit: compare with the upstream measured the same way).
+    """
+    stop_at = time.perf_counter() + duration
+    samples: list[Sample] = []
+
+    async def sender() -> None:
+        while time.perf_counter() < stop_at:
+            samples.append(await target.one(time.perf_counter()))
+
+    await asyncio.gather(*(sender() for _ in range(concurrency)))
+    return samples
+
+
 @dataclass(frozen=True)
 class Level:
     rate: float

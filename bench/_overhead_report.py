@@ -7,6 +7,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+# The gateway again with tracing on, exporting OTLP/HTTP to a receiver: at the policy's
+# default sample ratio, and with every request traced.
+TRACED = "gateway+otel"
+TRACED_ALL = "gateway+otel-all"
+
 
 @dataclass(frozen=True)
 class Row:
@@ -21,6 +26,8 @@ ROWS = (
     Row("ns_c1_p99", "non-stream, conc. 1: added p99", "ms", added=True),
     Row("ns_cpu", "non-stream: CPU per request", "us"),
     Row("ns_cpu_cap", "non-stream: CPU-bound capacity, 1e6 / CPU us", "req/s"),
+    Row("ns_sat", "non-stream: saturation req/s ({sat} in flight, closed loop)", "req/s"),
+    Row("ns_sat_cpu", "non-stream: CPU per request at saturation", "us"),
     Row("ns_fixed_p50", "non-stream at {fixed} req/s: added p50", "ms", added=True),
     Row("ns_fixed_p99", "non-stream at {fixed} req/s: added p99", "ms", added=True),
     Row("ns_rate_slo", "non-stream: max req/s, added p99 < {slo} ms", "req/s"),
@@ -89,6 +96,8 @@ def table(results: Results, labels: dict[str, Any]) -> str:
         header.append("gateway/floor")
     if "gateway" in names and "litellm" in names:
         header.append("litellm/gateway")
+    traced = [n for n in (TRACED, TRACED_ALL) if n in names and "gateway" in names]
+    header += [f"{n.removeprefix('gateway+')}/gateway" for n in traced]
     lines = [header]
     for row in ROWS:
         if row.key not in results.values:
@@ -106,6 +115,7 @@ def table(results: Results, labels: dict[str, Any]) -> str:
             cells.append(_ratio(medians["gateway"], medians["floor"]))
         if "litellm/gateway" in header:
             cells.append(_ratio(medians["litellm"], medians["gateway"]))
+        cells += [_ratio(medians[n], medians["gateway"]) for n in traced]
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     out = []
@@ -148,7 +158,34 @@ def verdict(results: Results, slo_ms: float) -> dict[str, Any]:
         }
         cpu_ratio = results.median("ns_cpu", "litellm") / results.median("ns_cpu", "gateway")
         out["cpu_per_request_ratio_litellm_over_gateway"] = cpu_ratio
+    if TRACED in results.targets:
+        out |= tracing_cost(results, TRACED)
+        out["tracing_ok"] = out["tracing_rate_loss"] < 0.05
+    if TRACED_ALL in results.targets:
+        everything = tracing_cost(results, TRACED_ALL)
+        out |= {f"{key}_all_requests": value for key, value in everything.items()}
     return out
+
+
+def tracing_cost(results: Results, traced_name: str) -> dict[str, float]:
+    """Request rate lost to tracing: saturation throughput, and CPU-bound capacity, per repeat.
+
+    Each repeat measures the two gateways back to back, so the ratio is paired per repeat and
+    the median of the per-repeat ratios is reported (machine noise moves both).
+    """
+
+    def paired_loss(key: str, inverse: bool) -> float:
+        pairs = zip(results.raw(key, "gateway"), results.raw(key, traced_name), strict=False)
+        losses = [
+            (1 - (plain / traced if inverse else traced / plain))
+            for plain, traced in pairs
+            if plain > 0 and traced > 0
+        ]
+        return statistics.median(losses) if losses else math.nan
+
+    rate_loss = paired_loss("ns_sat", inverse=False)
+    cpu_loss = paired_loss("ns_sat_cpu", inverse=True)
+    return {"tracing_rate_loss": rate_loss, "tracing_cpu_capacity_loss": cpu_loss}
 
 
 def verdict_text(check: dict[str, Any], eq_ms: float) -> str:
@@ -168,6 +205,19 @@ def verdict_text(check: dict[str, Any], eq_ms: float) -> str:
             f"-> {'met' if check['rate_ratio_ok'] else 'MISSED'}"
             f" (CPU per request: LiteLLM / gateway = "
             f"{check['cpu_per_request_ratio_litellm_over_gateway']:.1f}x)"
+        )
+    if "tracing_rate_loss" in check:
+        lines.append(
+            f"target tracing costs < 5% of the request rate (default sampling): saturation "
+            f"req/s {-100 * check['tracing_rate_loss']:+.1f}% (capacity from CPU per request "
+            f"{-100 * check['tracing_cpu_capacity_loss']:+.1f}%) "
+            f"-> {'met' if check['tracing_ok'] else 'MISSED'}"
+        )
+    if "tracing_rate_loss_all_requests" in check:
+        lines.append(
+            f"  with every request traced: saturation req/s "
+            f"{-100 * check['tracing_rate_loss_all_requests']:+.1f}% (capacity from CPU per request "
+            f"{-100 * check['tracing_cpu_capacity_loss_all_requests']:+.1f}%)"
         )
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bench import _procs
 from bench._loadgen import Target
+from bench._overhead_report import TRACED, TRACED_ALL
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "bench-model"
@@ -50,6 +51,7 @@ class Proxy:
     server: _procs.Server | None  # None for direct
     plain: Target
     stream: Target
+    otlp_sink_port: int | None = None  # the traced gateway's span receiver
 
 
 def _gateway_command(policy: Path, port: int) -> list[str] | None:
@@ -116,6 +118,7 @@ async def start_all(
     )  # fmt: skip
     servers.append(upstream)
     skipped: dict[str, str] = {}
+    sinks: dict[str, int] = {}
     pending: list[_procs.Server] = []
 
     def launch(name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
@@ -125,10 +128,8 @@ async def start_all(
         servers.append(server)
         pending.append(server)
 
-    launch("floor", [python, "-m", "bench._bare_proxy", "--port", "{port}",
-                     "--upstream", f"http://127.0.0.1:{up_port}"])  # fmt: skip
-    if not args.skip_gateway:
-        policy = tmp / "policy.yaml"
+    def launch_gateway(name: str, telemetry: str, sink_port: int | None = None) -> None:
+        policy = tmp / f"{name}.yaml"
         # Admission is lifted: its default (64 in flight per replica) protects a real vLLM
         # replica, but with one fake replica it would cap streams (1.3 s each) near 49/s and
         # the rate search would measure the cap, not the relay.
@@ -138,13 +139,36 @@ async def start_all(
             " health: {interval_s: 5}}\n"
             "models:\n"
             f"  {MODEL}: {{backend: up}}\n"
-            "admission: {max_outstanding_per_replica: 1000000, max_waiting: null}\n"
+            "admission: {max_outstanding_per_replica: 1000000, max_waiting: null}\n" + telemetry
         )
         command = _gateway_command(policy, 0)
         if command is None:
-            skipped["gateway"] = "llm-gateway is not installed in this environment"
-        else:
-            launch("gateway", [*command[:-1], "{port}"])
+            skipped[name] = "llm-gateway is not installed in this environment"
+            return
+        launch(name, [*command[:-1], "{port}"])
+        if sink_port is not None:
+            sinks[name] = sink_port
+
+    launch("floor", [python, "-m", "bench._bare_proxy", "--port", "{port}",
+                     "--upstream", f"http://127.0.0.1:{up_port}"])  # fmt: skip
+    if not args.skip_gateway:
+        launch_gateway("gateway", "")
+    if not args.skip_gateway and args.tracing:
+        # The shipped default sampling, and every request traced; each with its own receiver.
+        for name, ratio in ((TRACED, ""), (TRACED_ALL, ", sample_ratio: 1.0")):
+            sink_port = _procs.free_port()
+            sink = _procs.start(
+                f"otlp-sink-{len(sinks)}",
+                [python, "-m", "bench._otlp_sink", "--port", str(sink_port)],
+                sink_port, tmp, load_core,
+            )  # fmt: skip
+            servers.append(sink)
+            await _procs.wait_ready(sink, probe(sink_port), 30)
+            telemetry = (
+                f"telemetry: {{enabled: true, protocol: http{ratio},"
+                f" endpoint: 'http://127.0.0.1:{sink_port}'}}\n"
+            )
+            launch_gateway(name, telemetry, sink_port)
     if not args.skip_litellm:
         found = _litellm_files(tmp, up_port)
         if found is None:
@@ -162,6 +186,6 @@ async def start_all(
             server.stop()
             continue
         proxies.append(Proxy(server.name, server, target(server.port, False),
-                             target(server.port, True)))  # fmt: skip
+                             target(server.port, True), sinks.get(server.name)))  # fmt: skip
     direct = Proxy("direct", None, target(up_port, False), target(up_port, True))
     return direct, proxies, skipped

@@ -19,6 +19,7 @@ percentile from the same repeat.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import math
@@ -32,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import uvloop
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import _procs
 from bench._loadgen import Sample, Target
@@ -40,6 +43,7 @@ from bench._overhead_measure import (
     RateSearch,
     Stats,
     SweepSettings,
+    closed_loop,
     concurrency_one,
     run_level,
     sweep,
@@ -59,13 +63,14 @@ class Plan:
     min_requests: int
     retry: bool
     stream_sweep: bool
+    sat_s: float
 
 
 def _plan(args: argparse.Namespace) -> Plan:
     if args.quick:
-        plan = Plan(1, 300, 50, 5, 1.5, 1.0, 60, False, False)
+        plan = Plan(1, 300, 50, 5, 1.5, 1.0, 60, False, False, 2.0)
     else:
-        plan = Plan(3, 1500, 100, 20, 4.0, 3.0, 200, True, True)
+        plan = Plan(3, 1500, 100, 20, 4.0, 3.0, 200, True, True, 5.0)
     repeats = args.repeats if args.repeats is not None else plan.repeats
     stream_sweep = plan.stream_sweep if args.stream_sweep is None else args.stream_sweep
     return Plan(**{**plan.__dict__, "repeats": repeats, "stream_sweep": stream_sweep})
@@ -124,6 +129,54 @@ async def _concurrency_one_round(
         results.put("ns_cpu", proxy.name, cpu_us)
         results.put("ns_cpu_cap", proxy.name, 1e6 / cpu_us if cpu_us > 0 else math.nan)
         results.put("st_cpu", proxy.name, cpu_stream[proxy.name] / len(streams[proxy.name]) * 1e6)
+
+
+async def _saturation(targets: list[Proxy], plan: Plan, results: Results, concurrency: int) -> None:
+    """Closed loop at `concurrency` in flight: completed req/s and CPU per request."""
+    for proxy in targets:
+        before = proxy.server.cpu_seconds() if proxy.server else 0.0
+        began = time.perf_counter()
+        samples = await closed_loop(proxy.plain, concurrency, plan.sat_s)
+        elapsed = time.perf_counter() - began
+        ok = sum(1 for s in samples if s.ok)
+        if ok < len(samples):
+            _say(f"saturation: {proxy.name} had {len(samples) - ok} failed requests")
+        results.put("ns_sat", proxy.name, ok / elapsed)
+        if proxy.server is not None and ok:
+            results.put("ns_sat_cpu", proxy.name, (proxy.server.cpu_seconds() - before) / ok * 1e6)
+
+
+async def _tracing_export(proxies: list[Proxy]) -> dict[str, Any]:
+    """What the traced gateway's OTLP receiver got, next to the requests the gateway answered."""
+    out: dict[str, Any] = {}
+    async with aiohttp.ClientSession() as session:
+        for proxy in proxies:
+            if proxy.otlp_sink_port is None or proxy.server is None:
+                continue
+            async with session.get(f"http://127.0.0.1:{proxy.server.port}/metrics") as resp:
+                text = await resp.text()
+            answered = sum(
+                sample.value
+                for family in text_string_to_metric_families(text)
+                if family.name == "llm_gateway_requests"
+                for sample in family.samples
+                if sample.name == "llm_gateway_requests_total"
+            )
+            counts: dict[str, int] = {}
+            for _ in range(30):  # the batch processor exports every 5 s
+                async with session.get(f"http://127.0.0.1:{proxy.otlp_sink_port}/count") as resp:
+                    counts = await resp.json()
+                if counts["roots"] >= answered:
+                    break
+                await asyncio.sleep(0.5)
+            out[proxy.name] = {
+                "requests_answered": answered,
+                "request_spans_received": counts["roots"],
+                "spans_received": counts["spans"],
+                "export_posts": counts["requests"],
+                "spans_per_request": counts["spans"] / answered if answered else math.nan,
+            }
+    return out
 
 
 async def _fixed_rate(
@@ -210,12 +263,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for proxy in order_proxies:
                     assert proxy.server is not None
                     results.put("rss", proxy.name, proxy.server.memory_mib()[0])
+                _say(f"repeat {repeat + 1}: saturation, {args.sat_concurrency} in flight")
+                await _saturation(order, plan, results, args.sat_concurrency)
                 _say(f"repeat {repeat + 1}: {args.fixed_rate:g} req/s")
                 await _fixed_rate(direct, order_proxies, args.fixed_rate, plan, results)
                 await _sweeps(direct, order_proxies, plan, args, results)
                 for proxy in order_proxies:
                     assert proxy.server is not None
                     results.put("rss_peak", proxy.name, proxy.server.memory_mib()[1])
+            exported = await _tracing_export(proxies)
         finally:
             for server in reversed(servers):
                 server.stop()
@@ -223,6 +279,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "fixed": f"{args.fixed_rate:g}",
         "slo": f"{args.slo_ms:g}",
         "eq": f"{args.equal_p99_ms:g}",
+        "sat": f"{args.sat_concurrency}",
     }
     return {
         "benchmark": "bench.overhead",
@@ -250,6 +307,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "skipped": skipped,
         "labels": labels,
         "metrics": as_json(results, labels),
+        "tracing_export": exported,
         "targets_met": verdict(results, args.slo_ms),
         "table": table(results, labels),
         "verdict": verdict_text(verdict(results, args.slo_ms), args.equal_p99_ms),
@@ -290,6 +348,15 @@ def main(argv: list[str] | None = None) -> int:
         help="rate search: stop where the upstream's own p99 drifts this far (generator limit)",
     )
     parser.add_argument("--fixed-rate", type=float, default=1000.0)
+    parser.add_argument(
+        "--sat-concurrency", type=int, default=16, help="requests in flight, saturation phase"
+    )
+    parser.add_argument(
+        "--tracing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the gateway with every request traced and exported (OTLP/HTTP)",
+    )
     parser.add_argument("--start-rate", type=float, default=20.0)
     parser.add_argument("--start-stream-rate", type=float, default=5.0)
     parser.add_argument("--max-rate", type=float, default=20000.0)
@@ -313,6 +380,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipped {name}: {why.splitlines()[0]}")
         print(report["table"])
         print(report["verdict"])
+        for name, seen in report["tracing_export"].items():
+            answered = seen["requests_answered"]
+            print(
+                f"{name}: {seen['request_spans_received']:,} request spans received for "
+                f"{answered:,.0f} requests answered "
+                f"({seen['request_spans_received'] / max(answered, 1):.1%} traced, "
+                f"{seen['spans_received']:,} spans in all)"
+            )
     return 0
 
 

@@ -23,7 +23,7 @@ TRACEPARENT = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
 
 def traced(record_content: bool = False) -> tuple[Telemetry, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    config = TelemetryConfig(enabled=True, record_content=record_content)
+    config = TelemetryConfig(enabled=True, record_content=record_content, sample_ratio=1.0)
     return Telemetry.from_config(config, {}, exporter=exporter, batch=False), exporter
 
 
@@ -161,6 +161,33 @@ def test_disabled_telemetry_is_a_shared_no_op() -> None:
     ).enabled
 
 
+def test_sampling_ratio_applies_to_roots_and_the_callers_flag_always_wins() -> None:
+    exporter = InMemorySpanExporter()
+    config = TelemetryConfig(enabled=True, sample_ratio=0.25)
+    tel = Telemetry.from_config(config, {}, exporter=exporter, batch=False)
+    assert TelemetryConfig(enabled=True).sample_ratio == 0.01  # the shipped default
+    roots = [tel.start_request(operation="chat", request_model="m", headers={}) for _ in range(800)]
+    for rs in roots:
+        rs.end(200)
+    traced = len(exporter.get_finished_spans())
+    assert 130 <= traced <= 270, traced  # 200 expected; binomial sd ~12
+    assert sum(rs is NOOP_REQUEST for rs in roots) == 800 - traced
+    exporter.clear()
+    unsampled_parent = f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"
+    for parent, expected in ((TRACEPARENT, 50), (unsampled_parent, 0)):
+        for _ in range(50):
+            headers = {"traceparent": parent}
+            tel.start_request(operation="chat", request_model="m", headers=headers).end(200)
+        assert len(exporter.get_finished_spans()) == expected
+        exporter.clear()
+    never = Telemetry.from_config(
+        TelemetryConfig(enabled=True, sample_ratio=0.0), {}, exporter=exporter, batch=False
+    )
+    for _ in range(100):
+        never.start_request(operation="chat", request_model="m", headers={}).end(200)
+    assert exporter.get_finished_spans() == ()
+
+
 def test_export_settings_from_policy_then_environment() -> None:
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
@@ -213,7 +240,10 @@ async def test_spans_reach_a_real_otlp_http_receiver() -> None:
     await site.start()
     try:
         cfg = TelemetryConfig(
-            enabled=True, endpoint=f"http://127.0.0.1:{site_port(site)}", service_name="gw-test"
+            enabled=True,
+            endpoint=f"http://127.0.0.1:{site_port(site)}",
+            service_name="gw-test",
+            sample_ratio=1.0,
         )
         tel = Telemetry.from_config(cfg, {})
         run_request(tel)

@@ -251,7 +251,7 @@ async def test_request_span_follows_genai_conventions_and_continues_the_trace(
     up = await make_fake(chunks=3)
     exporter = InMemorySpanExporter()
     telemetry = Telemetry.from_config(
-        TelemetryConfig(enabled=True), {}, exporter=exporter, batch=False
+        TelemetryConfig(enabled=True, sample_ratio=1.0), {}, exporter=exporter, batch=False
     )
     surfaces = "  chat: {match: {header: chat}, priority: interactive, budget: {ttft_ms: 1000}}"
     gw = await make_gateway(policy([up.url], surfaces), telemetry=telemetry)

@@ -20,7 +20,8 @@ _pool_report = pytest.StashKey[str]()
 
 @pytest.fixture(scope="session")
 def vllm_pool(pytestconfig: pytest.Config) -> Iterator[LocalVllmPool]:
-    pool = LocalVllmPool(VLLM_POOL_SIZE)
+    # KV events on: the precise router subscribes to them; the other tests ignore them.
+    pool = LocalVllmPool(VLLM_POOL_SIZE, kv_events=True)
     try:
         pool.start()
     except LocalPoolError as exc:
