@@ -76,6 +76,7 @@ class Orchestrator:
         )
         span.decision(_plan_attributes(tenant, plan))
         status = 500
+        error_type: str | None = None
         try:
             # 4. which backends may serve the model: the primary, then its fallbacks
             targets = rt.targets(parsed.model)
@@ -152,11 +153,13 @@ class Orchestrator:
             return response
         except GatewayError as exc:
             status = exc.status
+            if status >= 500:  # a client's error (4xx) is not the server span's error
+                error_type = exc.code or exc.type
             raise
         finally:
             if status >= 500 and status != 499 and not _recorded(request):
                 self.slo.observe(plan.name, RequestTiming(_ms_since(started), ok=False))
-            span.end(status)
+            span.end(status, error_type)
 
     def fill_cache(
         self,

@@ -89,6 +89,10 @@ class TelemetryConfig(_Frozen):
     # Share of requests traced when the caller sent no traceparent (a caller's sampled flag is
     # always followed). Every traced request costs ~0.3 ms of CPU: see the README.
     sample_ratio: float = Field(0.01, ge=0, le=1)
+    # Unsampled requests that fail (5xx) or breach their budget are traced all the same (a
+    # root span without children), at most failure_traces_per_s a second.
+    trace_failures: bool = True
+    failure_traces_per_s: float = Field(10.0, ge=0)
     headers: dict[str, str] = {}  # sent with every export (e.g. a collector's auth header)
 
     @field_validator("endpoint")

@@ -24,12 +24,20 @@ decided here before the SDK is touched: an unsampled request costs one ``random(
 gets the shared no-op span. A traced request costs ~100 us of span work on the event loop
 plus ~50 us per span of OTLP encoding in the export thread (measured in bench.overhead), which
 is why the policy's default ratio is 1 % and the demo's is 100 %.
+
+Failures are kept anyway (``trace_failures``, on by default): an unsampled request gets a
+``DeferredRequestSpan`` that only notes its start time, decisions and budget breaches in a
+dict, and becomes a real span at its end if it failed (status >= 500, the client's own 499
+excepted) or breached its budget, at most ``failure_traces_per_s`` a second (a token
+bucket, so an outage does not turn on full tracing). Such a span has no child spans (stages
+and attempts were not recorded) and carries ``gateway.trace.kept: failure``.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -135,12 +143,18 @@ class Telemetry:
         record_content: bool = False,
         provider: TracerProvider | None = None,
         sample_ratio: float = 1.0,
+        trace_failures: bool = False,
+        failure_traces_per_s: float = 10.0,
     ) -> None:
         self.tracer = tracer
         self.enabled = tracer is not None
         self.record_content = record_content
         self.provider = provider
         self.sample_ratio = sample_ratio
+        self.trace_failures = trace_failures
+        self._failure_rate = failure_traces_per_s
+        self._failure_tokens = max(failure_traces_per_s, 1.0)
+        self._failure_refilled = time.monotonic()
 
     @classmethod
     def disabled(cls) -> Telemetry:
@@ -172,6 +186,8 @@ class Telemetry:
             record_content=config.record_content,
             provider=provider,
             sample_ratio=config.sample_ratio,
+            trace_failures=config.trace_failures,
+            failure_traces_per_s=config.failure_traces_per_s,
         )
 
     def shutdown(self) -> None:
@@ -202,6 +218,8 @@ class Telemetry:
             and headers.get("traceparent") is None
             and random.random() >= self.sample_ratio
         ):
+            if self.trace_failures:
+                return DeferredRequestSpan(self, operation, request_model)
             return NOOP_REQUEST
         parent = _PROPAGATOR.extract(headers)
         attrs: dict[str, AttributeValue] = {OPERATION: operation, REQUEST_MODEL: request_model}
@@ -214,6 +232,19 @@ class Telemetry:
             f"{operation} {request_model}", context=parent, kind=SpanKind.SERVER, attributes=attrs
         )
         return RequestSpan(self, span, operation)
+
+    def take_failure_token(self) -> bool:
+        """One failure trace from the bucket (refilled at ``failure_traces_per_s``)."""
+        now = time.monotonic()
+        cap = max(self._failure_rate, 1.0)
+        self._failure_tokens = min(
+            cap, self._failure_tokens + (now - self._failure_refilled) * self._failure_rate
+        )
+        self._failure_refilled = now
+        if self._failure_tokens < 1.0:
+            return False
+        self._failure_tokens -= 1.0
+        return True
 
 
 class RequestSpan:
@@ -286,14 +317,7 @@ class RequestSpan:
     def budget_breach(self, kind: str, budget_ms: float, observed_ms: float) -> None:
         """``kind``: ttft | itl | total | queue."""
         if self.recording:
-            self.span.add_event(
-                "budget_breach",
-                {
-                    "gateway.budget.kind": kind,
-                    "gateway.budget.limit_ms": budget_ms,
-                    "gateway.budget.observed_ms": observed_ms,
-                },
-            )
+            self.span.add_event("budget_breach", _breach_attributes(kind, budget_ms, observed_ms))
 
     def response(
         self,
@@ -373,6 +397,63 @@ class AttemptSpan:
             self.span.set_attribute("error.type", outcome)
             self.span.set_status(Status(StatusCode.ERROR, outcome))
         self.span.end()
+
+
+class DeferredRequestSpan(RequestSpan):
+    """An unsampled request's span-to-be: a real span only if the request fails (see above)."""
+
+    __slots__ = ("_attrs", "_breaches", "_model", "_start_ns")
+
+    def __init__(self, telemetry: Telemetry, operation: str, request_model: str) -> None:
+        super().__init__(telemetry, trace.INVALID_SPAN, operation)
+        self._start_ns = time.time_ns()
+        self._model = request_model
+        self._attrs: dict[str, AttributeValue] = {}
+        self._breaches: list[tuple[int, dict[str, AttributeValue]]] = []
+
+    def decision(self, attrs: Mapping[str, AttributeValue | None]) -> None:
+        for key, value in attrs.items():
+            if value is not None:
+                self._attrs[f"gateway.{key}"] = value
+
+    def budget_breach(self, kind: str, budget_ms: float, observed_ms: float) -> None:
+        self._breaches.append((time.time_ns(), _breach_attributes(kind, budget_ms, observed_ms)))
+
+    def end(self, status: int, error_type: str | None = None) -> None:
+        failed = (status >= 500 and status != 499) or error_type is not None
+        telemetry = self.telemetry
+        if not (failed or self._breaches) or telemetry is None or telemetry.tracer is None:
+            return
+        if not telemetry.take_failure_token():
+            return
+        attrs: dict[str, AttributeValue] = {
+            OPERATION: self.operation,
+            REQUEST_MODEL: self._model,
+            **self._attrs,
+            "gateway.trace.kept": "failure",
+        }
+        span = telemetry.tracer.start_span(
+            f"{self.operation} {self._model}",
+            context=Context(),
+            kind=SpanKind.SERVER,
+            attributes=attrs,
+            start_time=self._start_ns,
+        )
+        for at_ns, event in self._breaches:
+            span.add_event("budget_breach", event, timestamp=at_ns)
+        self.span = span
+        self.recording = True
+        super().end(status, error_type)
+
+
+def _breach_attributes(
+    kind: str, budget_ms: float, observed_ms: float
+) -> dict[str, AttributeValue]:
+    return {
+        "gateway.budget.kind": kind,
+        "gateway.budget.limit_ms": budget_ms,
+        "gateway.budget.observed_ms": observed_ms,
+    }
 
 
 NOOP_REQUEST = RequestSpan(None, trace.INVALID_SPAN)

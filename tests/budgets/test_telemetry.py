@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -171,7 +172,7 @@ def test_sampling_ratio_applies_to_roots_and_the_callers_flag_always_wins() -> N
         rs.end(200)
     traced = len(exporter.get_finished_spans())
     assert 130 <= traced <= 270, traced  # 200 expected; binomial sd ~12
-    assert sum(rs is NOOP_REQUEST for rs in roots) == 800 - traced
+    assert sum(not rs.recording for rs in roots) == 800 - traced
     exporter.clear()
     unsampled_parent = f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"
     for parent, expected in ((TRACEPARENT, 50), (unsampled_parent, 0)):
@@ -185,6 +186,57 @@ def test_sampling_ratio_applies_to_roots_and_the_callers_flag_always_wins() -> N
     )
     for _ in range(100):
         never.start_request(operation="chat", request_model="m", headers={}).end(200)
+    assert exporter.get_finished_spans() == ()
+
+
+def unsampled(**settings: Any) -> tuple[Telemetry, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    config = TelemetryConfig(enabled=True, sample_ratio=0.0, **settings)
+    return Telemetry.from_config(config, {}, exporter=exporter, batch=False), exporter
+
+
+def test_unsampled_failures_and_budget_breaches_are_kept_as_root_spans() -> None:
+    tel, exporter = unsampled()
+    for status in (200, 404, 499):  # success, a client's error, a client that left: dropped
+        rs = tel.start_request(operation="chat", request_model="m", headers={})
+        rs.decision({"surface": "chat", "replica": "r1"})
+        rs.end(status)
+    assert exporter.get_finished_spans() == ()
+    rs = tel.start_request(operation="chat", request_model="m", headers={})
+    assert not rs.recording  # nothing recorded while it runs: no child spans, no events
+    with rs.child("gateway.route"):
+        pass
+    rs.decision({"surface": "chat", "replica": "r1", "route.reason": "prefix", "x": None})
+    rs.end(503, "no_healthy_replica")
+    rs = tel.start_request(operation="chat", request_model="m", headers={})
+    rs.budget_breach("ttft", 500.0, 812.5)
+    rs.end(200)
+    failed, breached = exporter.get_finished_spans()
+    attrs = dict(failed.attributes or {})
+    assert failed.name == "chat m" and failed.kind is SpanKind.SERVER and failed.parent is None
+    assert attrs["gateway.trace.kept"] == "failure"
+    assert attrs["gateway.replica"] == "r1" and attrs["gateway.route.reason"] == "prefix"
+    assert "gateway.x" not in attrs
+    assert attrs["error.type"] == "no_healthy_replica"
+    assert attrs["http.response.status_code"] == 503
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.start_time is not None and failed.end_time is not None
+    assert failed.start_time <= failed.end_time
+    assert breached.status.status_code is not StatusCode.ERROR
+    (event,) = breached.events
+    assert event.name == "budget_breach"
+    assert dict(event.attributes or {})["gateway.budget.observed_ms"] == 812.5
+
+
+def test_failure_traces_are_rate_limited_and_can_be_turned_off() -> None:
+    tel, exporter = unsampled(failure_traces_per_s=3)
+    for _ in range(40):
+        tel.start_request(operation="chat", request_model="m", headers={}).end(502)
+    assert 3 <= len(exporter.get_finished_spans()) <= 4  # the bucket, plus a refill at most
+    off, exporter = unsampled(trace_failures=False)
+    rs = off.start_request(operation="chat", request_model="m", headers={})
+    assert rs is NOOP_REQUEST
+    rs.end(502)
     assert exporter.get_finished_spans() == ()
 
 

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from policies.budget_config import TelemetryConfig
 from policies.telemetry import Telemetry
-from tests.conftest import FakeFactory, GatewayFactory
+from tests.conftest import FakeFactory, GatewayFactory, closed_port_url
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
@@ -243,6 +243,28 @@ async def test_budget_routing_avoids_a_replica_predicted_to_miss(
     for _ in range(4):
         await one("chat")
     assert len(slow.fake.requests) == before  # every chat request went to the fast replica
+
+
+async def test_unsampled_failed_request_is_still_traced(make_gateway: GatewayFactory) -> None:
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry.from_config(
+        TelemetryConfig(enabled=True, sample_ratio=0.0), {}, exporter=exporter, batch=False
+    )
+    surfaces = "  chat: {match: {header: chat}, priority: interactive}"
+    gw = await make_gateway(policy([closed_port_url()], surfaces), telemetry=telemetry)
+    with pytest.raises(openai.APIStatusError) as failure:
+        await gw.client.with_options(max_retries=0).chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"X-Surface": "chat"},
+        )
+    assert failure.value.status_code >= 500
+    (span,) = exporter.get_finished_spans()
+    attrs = dict(span.attributes or {})
+    assert attrs["gateway.trace.kept"] == "failure"
+    assert attrs["gateway.surface"] == "chat"
+    assert attrs["http.response.status_code"] == failure.value.status_code
+    assert isinstance(attrs["error.type"], str) and attrs["error.type"]
 
 
 async def test_request_span_follows_genai_conventions_and_continues_the_trace(
