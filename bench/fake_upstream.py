@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
+import struct
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -53,6 +55,7 @@ class FakeUpstream:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._completion)
         app.router.add_post("/v1/completions", self._completion)
+        app.router.add_post("/v1/embeddings", self._completion)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
@@ -104,6 +107,9 @@ class FakeUpstream:
             await asyncio.sleep(float(action.split(":", 1)[1]))
         if self.settings.latency_ms:
             await asyncio.sleep(self.settings.latency_ms / 1000)
+        if request.path.endswith("/embeddings"):
+            self.completed += 1
+            return web.json_response(self._embeddings(body))
         chat = request.path.endswith("/chat/completions")
         if body.get("stream"):
             return await self._stream(
@@ -111,6 +117,27 @@ class FakeUpstream:
             )
         self.completed += 1
         return web.json_response(self._full(body, chat))
+
+    def _embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One 3-dimensional vector per input: (its length, its index, 0.5)."""
+        raw = body.get("input")
+        inputs: list[Any] = [raw] if isinstance(raw, str) or not isinstance(raw, list) else raw
+        if inputs and isinstance(inputs[0], int):
+            inputs = [inputs]  # one array of token ids
+        data = []
+        for i, item in enumerate(inputs):
+            vector = [float(len(item) if isinstance(item, str | list) else 0), float(i), 0.5]
+            value: list[float] | str = vector
+            if body.get("encoding_format") == "base64":
+                value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        tokens = sum(len(item) for item in inputs if isinstance(item, str | list))
+        return {
+            "object": "list",
+            "model": body.get("model", self.settings.models[0]),
+            "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
 
     def _full(self, body: dict[str, Any], chat: bool) -> dict[str, Any]:
         n = int(body.get("n") or 1)

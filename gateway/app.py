@@ -96,7 +96,9 @@ def create_app(
     app.cleanup_ctx.append(_resources)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/embeddings", _embeddings)
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/v1/models/{model:.+}", _model)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
@@ -197,14 +199,30 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     return await gateway.orchestrator.handle(request, gateway.runtime, Endpoint.COMPLETIONS)
 
 
+async def _embeddings(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    assert gateway.orchestrator is not None
+    return await gateway.orchestrator.handle(request, gateway.runtime, Endpoint.EMBEDDINGS)
+
+
+def _model_object(name: str) -> dict[str, str | int]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "llm-gateway"}
+
+
 async def _models(request: web.Request) -> web.Response:
     rt = request.app[GATEWAY].runtime
     rt.authenticate(request.headers.get("Authorization"))
-    data = [
-        {"id": name, "object": "model", "created": 0, "owned_by": "llm-gateway"}
-        for name in rt.model_names()
-    ]
+    data = [_model_object(name) for name in rt.model_names()]
     return web.json_response({"object": "list", "data": data})
+
+
+async def _model(request: web.Request) -> web.Response:
+    rt = request.app[GATEWAY].runtime
+    rt.authenticate(request.headers.get("Authorization"))
+    name = request.match_info["model"]
+    if name not in rt.model_names():
+        raise NotFound(f"The model '{name}' does not exist", code="model_not_found", param="model")
+    return web.json_response(_model_object(name))
 
 
 async def _healthz(request: web.Request) -> web.Response:

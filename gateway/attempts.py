@@ -271,7 +271,7 @@ class AttemptOpener:
     def _body(self, rt: Runtime, req: OpenRequest, target: Target, replica: Replica) -> bytes:
         parsed, plan = req.parsed, req.plan
         total_ms = plan.budget.total_ms
-        if plan.actions.cap_output and total_ms is not None:
+        if plan.actions.cap_output and total_ms is not None and parsed.endpoint.generates:
             cap = cap_max_tokens(
                 total_ms=total_ms,
                 elapsed_ms=(time.perf_counter() - req.started) * 1000,

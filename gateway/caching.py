@@ -169,7 +169,9 @@ class CacheStage:
             tenant=tenant,
             model_alias=parsed.model,
             surface=surface,
-            endpoint=parsed.endpoint.value,
+            endpoint="completions"
+            if parsed.endpoint is Endpoint.COMPLETIONS
+            else "chat/completions",
             cache_control=request.headers.get("Cache-Control"),
         )
 

@@ -16,7 +16,7 @@ from multidict import CIMultiDict
 
 from gateway.attempts import Attempt, AttemptOpener, OpenRequest
 from gateway.caching import CacheStage, QueryEmbedding, StreamCapture, last_user_text, replay
-from gateway.errors import GatewayError, PayloadTooLarge, Unavailable
+from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, Unavailable
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import Endpoint, ParsedRequest, parse_request
 from gateway.relay import RelayResult, StreamPlan, relay_body, relay_stream
@@ -37,7 +37,11 @@ if TYPE_CHECKING:
 LABELS_KEY = web.RequestKey("llm_gateway.labels", tuple[str, str, str])
 STATUS_KEY = web.RequestKey("llm_gateway.status", int)
 
-_OPERATION = {Endpoint.CHAT: "chat", Endpoint.COMPLETIONS: "text_completion"}
+_OPERATION = {
+    Endpoint.CHAT: "chat",
+    Endpoint.COMPLETIONS: "text_completion",
+    Endpoint.EMBEDDINGS: "embeddings",
+}
 
 
 class Orchestrator:
@@ -83,7 +87,7 @@ class Orchestrator:
             query = QueryEmbedding(self.embedder, last_user_text(parsed))
             # 5. cache: exact, then semantic; a hit is replayed and the request ends here
             cache_plan = None
-            if self.cache is not None and plan.cache is not None:
+            if self.cache is not None and plan.cache is not None and endpoint.generates:
                 cache_plan = self.cache.plan(request, parsed, plan.cache, tenant, plan.name)
                 with span.child("gateway.cache.lookup"):
                     hit = await self.cache.lookup(cache_plan, plan.cache, query)
@@ -96,6 +100,12 @@ class Orchestrator:
             # 6. tiered aliases: the small or the large tier by difficulty, or a cascade
             tier = None
             tiered = rt.tiered(parsed.model)
+            if tiered is not None and not endpoint.generates:
+                raise BadRequest(
+                    f"model '{parsed.model}' is a tiered alias for chat and completions; "
+                    "embeddings need a model served by one backend",
+                    param="model",
+                )
             if tiered is not None:
                 tier = await self.tiers.choose(rt, parsed, tiered, query)
                 targets = tier.targets
@@ -213,7 +223,7 @@ class Orchestrator:
         }
         if attempt.hedged:
             extra["x-gateway-hedge"] = attempt.winner
-        if plan.cache is not None and self.cache is not None:
+        if plan.cache is not None and self.cache is not None and parsed.endpoint.generates:
             extra["x-gateway-cache"] = "miss"
         upstream = attempt.response
         ok = False

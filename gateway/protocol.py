@@ -17,6 +17,12 @@ from gateway.errors import BadRequest
 class Endpoint(Enum):
     CHAT = "chat/completions"
     COMPLETIONS = "completions"
+    EMBEDDINGS = "embeddings"
+
+    @property
+    def generates(self) -> bool:
+        """Chat and completions produce tokens (cache, tiers, output caps apply); embeddings not."""
+        return self is not Endpoint.EMBEDDINGS
 
 
 @dataclass(slots=True)
@@ -50,13 +56,17 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
         raise BadRequest("'model' is required and must be a string", param="model")
     if endpoint is Endpoint.CHAT:
         _check_messages(body.get("messages"))
-    else:
+    elif endpoint is Endpoint.COMPLETIONS:
         _check_prompt(body.get("prompt"))
+    else:
+        _check_input(body.get("input"))
     stream = body.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
         raise BadRequest("'stream' must be a boolean", param="stream")
+    if stream and not endpoint.generates:
+        raise BadRequest("embeddings are not streamed: drop 'stream'", param="stream")
     for name in _INT_FIELDS:
         value = body.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
@@ -108,3 +118,26 @@ def _check_prompt(prompt: Any) -> None:
     ):
         return
     raise BadRequest("'prompt' must be a string, an array of strings, or token ids", param="prompt")
+
+
+def _check_input(value: Any) -> None:
+    """Embeddings ``input``: a string, strings, token ids, or arrays of token ids (non-empty)."""
+    if value is None:
+        raise BadRequest("'input' is required", param="input")
+    if isinstance(value, str):
+        return
+    if (
+        isinstance(value, list)
+        and value
+        and (
+            all(isinstance(v, str) for v in value)
+            or all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            or all(isinstance(v, list) and v and all(isinstance(t, int) for t in v) for v in value)
+        )
+    ):
+        return
+    raise BadRequest(
+        "'input' must be a string, an array of strings, an array of token ids, "
+        "or an array of token id arrays",
+        param="input",
+    )

@@ -132,6 +132,44 @@ async def test_completions_streaming_and_not(
     assert up.fake.requests[-1].path == "/v1/completions"
 
 
+async def test_embeddings_are_proxied_and_models_can_be_retrieved(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(one_backend(up.url))
+    # The openai client asks for base64 by default and decodes it: the bytes pass untouched.
+    out = await gw.client.embeddings.create(model="m", input=["one", "three"])
+    assert [d.embedding for d in out.data] == [[3.0, 0.0, 0.5], [5.0, 1.0, 0.5]]
+    assert out.usage.prompt_tokens == 8
+    sent = up.fake.requests[-1]
+    assert sent.path == "/v1/embeddings" and sent.body["model"] == "fake-model"
+    floats = await gw.client.embeddings.create(model="m", input="abc", encoding_format="float")
+    assert floats.data[0].embedding == [3.0, 0.0, 0.5]
+    assert (await gw.client.models.retrieve("m")).id == "m"
+    with pytest.raises(openai.NotFoundError) as missing:
+        await gw.client.models.retrieve("nope")
+    assert missing.value.code == "model_not_found"
+
+
+async def test_embeddings_bad_input_is_400_before_any_upstream_call(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(one_backend(up.url))
+    bad: list[dict[str, Any]] = [
+        {"model": "m"},
+        {"model": "m", "input": []},
+        {"model": "m", "input": [1, "mixed"]},
+        {"model": "m", "input": {"text": "x"}},
+        {"model": "m", "input": "x", "stream": True},
+    ]
+    for body in bad:
+        with pytest.raises(openai.BadRequestError) as err:
+            await gw.client.post("/embeddings", body=body, cast_to=object)
+        assert err.value.param in ("input", "stream")
+    assert up.fake.requests == []
+
+
 async def test_models_lists_aliases_and_discovered_models(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:

@@ -143,3 +143,14 @@ async def test_large_tier_failure_falls_back_to_the_small_answer(
     with pytest.raises(openai.APIStatusError) as info:
         await no_fallback.client.chat.completions.create(model="auto", messages=MESSAGES)
     assert info.value.status_code == 502
+
+
+async def test_embeddings_on_a_tiered_alias_is_a_400(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    small, large = await make_fake(), await make_fake()
+    gw = await make_gateway(policy(small, large, "mode: route"))
+    with pytest.raises(openai.BadRequestError) as err:
+        await gw.client.embeddings.create(model="auto", input="hello")
+    assert err.value.param == "model" and "tiered" in err.value.message
+    assert small.fake.requests == [] and large.fake.requests == []
