@@ -224,13 +224,14 @@ async def run_size(
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     pairs = read_pairs(args.pairs)
     positives = [p for p in pairs if p.label == 1][: args.real]
-    embedder = await SentenceTransformerEmbedder.create()
+    embedder = await SentenceTransformerEmbedder.create(threads=args.threads)
     verifier = Verifier.load()
     emb_a = embed_cached(embedder, [p.text_a for p in positives])
     out: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {platform.python_version()}",
         "embedder_backend": embedder.backend,
+        "embedder_threads": embedder.threads,
         "sizes": [],
     }
     for size in args.sizes:
@@ -281,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--real", type=int, default=300, help="entries with real embeddings")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="embedder threads (default: the gateway's)"
+    )
     args = parser.parse_args(argv)
     out = asyncio.run(main_async(args))
     print(report(out))

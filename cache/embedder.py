@@ -71,6 +71,11 @@ def bundled_model_path() -> Path:
     return path
 
 
+def default_threads() -> int:
+    """Two intra-op threads where two cores are ours: a lone query's latency nearly halves."""
+    return max(1, min(2, len(os.sched_getaffinity(0))))
+
+
 def default_onnx_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "llm-gateway" / "onnx"
@@ -103,6 +108,9 @@ class _OnnxEncoder:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        if threads > 1:
+            # Idle pool threads sleep instead of spinning: the event loop shares these cores.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self._session = ort.InferenceSession(
             str(onnx_path), options, providers=["CPUExecutionProvider"]
@@ -251,7 +259,7 @@ class SentenceTransformerEmbedder:
         model_path: str | Path | None = None,
         *,
         backend: Backend = "auto",
-        threads: int = 1,
+        threads: int | None = 1,
         max_batch: int = 32,
         batch_window_s: float = 0.0015,
         onnx_cache_dir: str | Path | None = None,
@@ -260,7 +268,8 @@ class SentenceTransformerEmbedder:
             raise ValueError("max_batch must be >= 1 and batch_window_s >= 0")
         model_dir = Path(model_path) if model_path is not None else bundled_model_path()
         cache_dir = Path(onnx_cache_dir) if onnx_cache_dir else default_onnx_cache_dir()
-        self._encoder = _load_encoder(model_dir, backend, threads, cache_dir)
+        self.threads = threads if threads is not None else default_threads()
+        self._encoder = _load_encoder(model_dir, backend, self.threads, cache_dir)
         self.model_id = f"{MODEL_NAME}:{_model_fingerprint(model_dir)}"
         self.backend: Literal["onnx", "torch"] = (
             "onnx" if isinstance(self._encoder, _OnnxEncoder) else "torch"

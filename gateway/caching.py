@@ -140,7 +140,9 @@ class CacheStage:
             store = InMemoryStore()
         embedder = None
         if needs_embeddings:
-            embedder = await SentenceTransformerEmbedder.create(backend=config.embedder_backend)
+            embedder = await SentenceTransformerEmbedder.create(
+                backend=config.embedder_backend, threads=config.embedder_threads
+            )
         verifier = await asyncio.to_thread(Verifier.load)
         cache = ResponseCache(store, verifier, dim=embedder.dim if embedder else 384)
         await cache.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,15 @@ def test_onnx_matches_sentence_transformers(model: SentenceTransformerEmbedder) 
     torch_model = SentenceTransformerEmbedder(backend="torch")
     texts = ["short", "a somewhat longer sentence about quarterly earnings of 4.5 percent"]
     assert np.abs(model.embed_sync(texts) - torch_model.embed_sync(texts)).max() < 1e-4
+
+
+def test_two_threads_compute_the_same_vectors(model: SentenceTransformerEmbedder) -> None:
+    assert model.threads == 1  # the fixture asked for the class default
+    gateway_default = SentenceTransformerEmbedder(threads=None)
+    assert gateway_default.threads == min(2, len(os.sched_getaffinity(0)))
+    two = SentenceTransformerEmbedder(threads=2)
+    texts = ["one short text", "and a second, somewhat longer one about the 4.5% rise in 2003"]
+    assert np.abs(two.embed_sync(texts) - model.embed_sync(texts)).max() < 1e-5
 
 
 def test_model_path_comes_from_the_package() -> None:
