@@ -41,6 +41,7 @@ import time
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -262,9 +263,9 @@ class RequestSpan:
     def decision(self, attrs: Mapping[str, AttributeValue | None]) -> None:
         """Set ``gateway.<key>`` for each key (None values are skipped)."""
         if self.recording:
-            for key, value in attrs.items():
-                if value is not None:
-                    self.span.set_attribute(f"gateway.{key}", value)
+            self.span.set_attributes(
+                {f"gateway.{key}": value for key, value in attrs.items() if value is not None}
+            )
 
     @contextmanager
     def child(self, name: str, attrs: Mapping[str, AttributeValue] | None = None) -> Iterator[Span]:
@@ -291,18 +292,15 @@ class RequestSpan:
         if not self.recording or self.telemetry is None or self.telemetry.tracer is None:
             return NOOP_ATTEMPT
         op = self.operation
-        parts = urlsplit(base_url)
         attrs: dict[str, AttributeValue] = {
             OPERATION: op,
             REQUEST_MODEL: upstream_model,
-            SERVER_ADDRESS: parts.hostname or base_url,
+            **_server_attributes(base_url),
             "gateway.backend": backend,
             "gateway.replica": replica,
             "gateway.attempt.hedge": hedge,
             "gateway.attempt.index": index,
         }
-        if parts.port is not None:
-            attrs[SERVER_PORT] = parts.port
         if provider is not None:
             attrs[PROVIDER] = provider
         span = self.telemetry.tracer.start_span(
@@ -331,22 +329,20 @@ class RequestSpan:
     ) -> None:
         if not self.recording:
             return
-        span = self.span
+        attrs: dict[str, AttributeValue] = {}
         if model is not None:
-            span.set_attribute(RESPONSE_MODEL, model)
+            attrs[RESPONSE_MODEL] = model
         if response_id is not None:
-            span.set_attribute(RESPONSE_ID, response_id)
+            attrs[RESPONSE_ID] = response_id
         if input_tokens is not None:
-            span.set_attribute(INPUT_TOKENS, input_tokens)
+            attrs[INPUT_TOKENS] = input_tokens
         if output_tokens is not None:
-            span.set_attribute(OUTPUT_TOKENS, output_tokens)
+            attrs[OUTPUT_TOKENS] = output_tokens
         if finish_reasons:
-            span.set_attribute(FINISH_REASONS, list(finish_reasons))
+            attrs[FINISH_REASONS] = list(finish_reasons)
         if server_url is not None:
-            parts = urlsplit(server_url)
-            span.set_attribute(SERVER_ADDRESS, parts.hostname or server_url)
-            if parts.port is not None:
-                span.set_attribute(SERVER_PORT, parts.port)
+            attrs.update(_server_attributes(server_url))
+        self.span.set_attributes(attrs)
 
     def content(self, input_messages_json: str | None, output_messages_json: str | None) -> None:
         """Prompt and completion (JSON, GenAI message shape): only when the policy opts in."""
@@ -360,9 +356,10 @@ class RequestSpan:
     def end(self, status: int, error_type: str | None = None) -> None:
         if not self.recording:
             return
-        self.span.set_attribute("http.response.status_code", status)
+        attrs: dict[str, AttributeValue] = {"http.response.status_code": status}
         if error_type is not None:
-            self.span.set_attribute("error.type", error_type)
+            attrs["error.type"] = error_type
+        self.span.set_attributes(attrs)
         if status >= 500 or error_type is not None:
             self.span.set_status(Status(StatusCode.ERROR, error_type))
         self.span.end()
@@ -444,6 +441,16 @@ class DeferredRequestSpan(RequestSpan):
         self.span = span
         self.recording = True
         super().end(status, error_type)
+
+
+@lru_cache(maxsize=256)
+def _server_attributes(url: str) -> dict[str, AttributeValue]:
+    """``server.address`` and ``server.port`` of an upstream URL (parsed once per URL)."""
+    parts = urlsplit(url)
+    out: dict[str, AttributeValue] = {SERVER_ADDRESS: parts.hostname or url}
+    if parts.port is not None:
+        out[SERVER_PORT] = parts.port
+    return out
 
 
 def _breach_attributes(
