@@ -12,14 +12,27 @@ Inputs, computed once per request by the gateway:
 * cheap text features of that message (``text_features``: length, numbers, math symbols,
   quantity and question words, negations), standardised with the training mean and scale.
 
-Model: one pair of L2-regularised logistic regressions (small correct, large correct) per
-training domain (one domain per training file: for example GSM8K and MMLU). A single model over
-all domains learns the larger domain and loses the smaller one (GSM8K falls from 0.63 to 0.57
-APGR in cross-validation), so each domain keeps its own heads, and a gate picks the heads for a
-request: one-vs-rest logistic regressions over the embedding ("is this prompt from domain d?"),
-the highest logit wins. (A nearest-centroid gate sent 12 % of MMLU prompts, the arithmetic ones,
+Model: one pair of L2-regularised logistic regressions per training domain (one domain per
+training file: for example GSM8K and MMLU). A single model over all domains learns the larger
+domain and loses the smaller one (GSM8K falls from 0.63 to 0.57 APGR in cross-validation), so
+each domain keeps its own heads, and a gate picks the heads for a request: one-vs-rest
+logistic regressions over the embedding ("is this prompt from domain d?"), the highest logit
+wins. (A nearest-centroid gate sent 12 % of MMLU prompts, the arithmetic ones,
 to the GSM8K heads.) Every domain scores in the same unit (expected gain), so one threshold
 serves them all.
+
+A domain's pair of heads models one of two targets, chosen per domain by cross-validation at
+training time (``target``; the score is the expected gain either way):
+
+* ``outcomes``: ``P(small correct)`` and ``P(large correct)``; gain = the difference;
+* ``gain_sign``: ``P(only the large tier is correct)`` and ``P(only the small tier is correct)``;
+  gain = the difference again (the rows both tiers answer, or both fail, are the zero class).
+  Each head then learns only what separates the rows where the choice matters: on GSM8K dev,
+  repeated nested cross-validation gives 0.671 APGR against 0.656 for ``outcomes``
+  (``docs/benchmarks.md``); on MMLU ``outcomes`` stays ahead and is kept.
+
+The heads are stored as ``small`` (subtracted) and ``large`` (added) for both targets, so
+serving computes ``large - small`` without looking at the target.
 
 Runtime is pure numpy over a JSON artifact of a few tens of kilobytes
 (``routing/artifacts/difficulty.json``), written by ``llm-gateway train-router``, which also
@@ -140,8 +153,30 @@ class LogisticHead:
         return cls(_floats(data["coef"], "coef", length), float(data["intercept"]))
 
 
+HeadTarget = Literal["outcomes", "gain_sign"]
+HEAD_TARGETS: tuple[HeadTarget, ...] = ("outcomes", "gain_sign")
+
+
+def head_labels(
+    target: HeadTarget, small: FloatArray, large: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """The 0/1 labels of the ``(small, large)`` heads for ``target``; large - small = gain."""
+    if target == "outcomes":
+        return small, large
+    if target == "gain_sign":
+        return small * (1 - large), large * (1 - small)
+    raise ValueError(f"unknown head target {target!r}; expected one of {HEAD_TARGETS}")
+
+
 @dataclass(frozen=True)
 class DomainModel:
+    """One domain's heads; ``gain = large.probability - small.probability`` for any target.
+
+    ``target`` says what the heads estimate (module docstring): for ``outcomes``, ``small`` and
+    ``large`` are the tiers' probabilities of being correct; for ``gain_sign``, the
+    probabilities that only the small (only the large) tier is correct.
+    """
+
     name: str
     gate: LogisticHead  # over the embedding: "the prompt belongs to this domain"
     feature_mean: FloatArray
@@ -149,6 +184,7 @@ class DomainModel:
     small: LogisticHead
     large: LogisticHead
     info: dict[str, Any]  # hyperparameters and cross-validated figures, for the record
+    target: HeadTarget = "outcomes"
 
     def design(self, embeddings: FloatArray, texts: Sequence[str]) -> FloatArray:
         return self.design_from_features(embeddings, text_feature_matrix(texts))
@@ -169,6 +205,7 @@ class DomainModel:
             "feature_scale": compact(self.feature_scale),
             "small": self.small.to_json(),
             "large": self.large.to_json(),
+            "target": self.target,
             "info": self.info,
         }
 
@@ -178,6 +215,9 @@ class DomainModel:
         scale = _floats(data["feature_scale"], "feature_scale", len(TEXT_FEATURES))
         if np.any(scale <= 0):
             raise ValueError("feature_scale must be positive")
+        target = data.get("target", "outcomes")  # artifacts before the target was recorded
+        if target not in HEAD_TARGETS:
+            raise ValueError(f"unknown head target {target!r}")
         return cls(
             name=str(data["name"]),
             gate=LogisticHead.from_json(data["gate"], dim),
@@ -186,11 +226,15 @@ class DomainModel:
             small=LogisticHead.from_json(data["small"], width),
             large=LogisticHead.from_json(data["large"], width),
             info=dict(data.get("info", {})),
+            target=target,
         )
 
 
 @dataclass(frozen=True)
 class DifficultyScore:
+    """``p_small`` / ``p_large``: the domain's two heads (``DomainModel``; what they estimate
+    depends on its ``target``); ``score = p_large - p_small`` either way."""
+
     score: float  # expected gain of the large tier, in [-1, 1]
     domain: str
     p_small: float
@@ -236,7 +280,7 @@ class DifficultyEstimator:
     def probabilities(
         self, embeddings: Any, texts: Sequence[str]
     ) -> tuple[FloatArray, FloatArray, npt.NDArray[np.intp]]:
-        """``(p_small, p_large, domain index)`` per row."""
+        """``(small head, large head, domain index)`` per row; the gain is large - small."""
         rows = self._check(embeddings, texts)
         which = self.domain_index(rows)
         p_small = np.zeros(len(rows))

@@ -15,7 +15,7 @@ the other folds (other domains untouched: they never saw the file). In cascade m
 difficulty signal is out-of-fold the same way, and the combiner is refitted on the file's own
 answered rows, which is exactly how it was trained when that file is its only source. The
 hyperparameters themselves were chosen by cross-validation on the same file: a small optimism
-remains from choosing among six settings.
+remains from choosing among twelve settings.
 
 The random baseline scores rows with seeded uniform noise and averages its figures over 100
 seeds (expected APGR 0.5); at the shipped threshold it sends the same fraction of calls to the
@@ -113,7 +113,9 @@ def _route_decisions(
         for test in parts:
             train = np.setdiff1d(np.arange(n), test)
             domains = list(estimator.domains)
-            refit = domain.fit(train, info["l2_c"], info["text_weight"])
+            refit = domain.fit(
+                train, info["l2_c"], info["text_weight"], estimator.domains[position].target
+            )
             domains[position] = replace(refit, gate=estimator.domains[position].gate)
             fold = DifficultyEstimator(domains, threshold=limit, dim=estimator.dim)
             routers.append(DifficultyRouter(fold, limit))

@@ -7,9 +7,10 @@ Procedure, deterministic for a given seed:
 
 1. Embed every prompt with the gateway's embedder (all-MiniLM-L6-v2); vectors are cached on disk
    (outside the repository) keyed by the texts, so repeated runs cost no model time.
-2. Per domain, choose the L2 strength ``c`` and the weight of the text features by repeated
-   stratified k-fold cross-validation inside that file (strata: the four small/large outcomes),
-   maximising APGR of the out-of-fold scores; then fit both heads on the whole file.
+2. Per domain, choose the L2 strength ``c``, the weight of the text features and the heads'
+   target (``outcomes`` or ``gain_sign``, see ``routing.difficulty``) by repeated stratified
+   k-fold cross-validation inside that file (strata: the four small/large outcomes), maximising
+   APGR of the out-of-fold scores; then fit both heads on the whole file.
 3. Out-of-fold difficulty scores (first repeat, chosen settings, scored through the full
    estimator with its domain gate) give the calibration table and the shipped threshold.
 4. Rows with a ``small_response`` train the cascade combiner the same way, with the out-of-fold
@@ -41,10 +42,13 @@ from routing.cascade import (
 from routing.difficulty import (
     ARTIFACT_FORMAT,
     EMBEDDING_MODEL,
+    HEAD_TARGETS,
     TEXT_FEATURES,
     DifficultyEstimator,
     DomainModel,
+    HeadTarget,
     LogisticHead,
+    head_labels,
     text_feature_matrix,
 )
 from routing.router_data import (
@@ -57,9 +61,9 @@ from routing.router_data import (
 
 FloatArray = npt.NDArray[np.float64]
 
-ROUTE_GRID: tuple[tuple[float, float], ...] = tuple(
-    (c, w) for c in (0.1, 0.3, 1.0) for w in (0.1, 0.3)
-)  # (l2 c, text-feature weight)
+ROUTE_GRID: tuple[tuple[float, float, HeadTarget], ...] = tuple(
+    (c, w, t) for t in HEAD_TARGETS for c in (0.1, 0.3, 1.0) for w in (0.1, 0.3)
+)  # (l2 c, text-feature weight, heads' target); ties go to the earlier setting
 CASCADE_GRID: tuple[float, ...] = (0.1, 1.0, 10.0)
 DEFAULT_TARGET = Target("min_quality_recovered", 0.8)
 GATE_C = 10.0
@@ -133,6 +137,7 @@ def fit_domain(
     c: float,
     text_weight: float,
     info: dict[str, Any] | None = None,
+    target: HeadTarget = "outcomes",
 ) -> DomainModel:
     """Both heads of one domain; ``features`` are the raw ``text_feature_matrix`` rows."""
     mean = features.mean(axis=0)
@@ -140,14 +145,14 @@ def fit_domain(
     scale = np.where(scale > 1e-9, scale, 1.0)
     x = np.hstack([embeddings, text_weight * (features - mean) / scale])
     heads = []
-    for y in (small, large):
+    for y in head_labels(target, small, large):
         head = fit_logistic(x, y, c)
         coef = head.coef.copy()
         coef[embeddings.shape[1] :] *= text_weight  # fold the weight into the coefficients
         heads.append(LogisticHead(coef, head.intercept))
-    info = {"l2_c": c, "text_weight": text_weight, **(info or {})}
+    info = {"l2_c": c, "text_weight": text_weight, "target": target, **(info or {})}
     no_gate = LogisticHead(np.zeros(embeddings.shape[1]), 0.0)  # set by ``with_gates``
-    return DomainModel(name, no_gate, mean, scale, heads[0], heads[1], info)
+    return DomainModel(name, no_gate, mean, scale, heads[0], heads[1], info, target)
 
 
 def with_gates(
@@ -186,7 +191,13 @@ class DomainData:
         self.texts = [r.prompt for r in self.file.rows]
         self.features = text_feature_matrix(self.texts)
 
-    def fit(self, index: npt.NDArray[np.intp], c: float, weight: float) -> DomainModel:
+    def fit(
+        self,
+        index: npt.NDArray[np.intp],
+        c: float,
+        weight: float,
+        target: HeadTarget = "outcomes",
+    ) -> DomainModel:
         return fit_domain(
             self.file.name,
             self.embeddings[index],
@@ -195,11 +206,18 @@ class DomainData:
             self.large[index],
             c,
             weight,
+            target=target,
         )
 
 
 def out_of_fold_route_scores(
-    data: DomainData, full: DifficultyEstimator, c: float, weight: float, folds: int, seed: int
+    data: DomainData,
+    full: DifficultyEstimator,
+    c: float,
+    weight: float,
+    folds: int,
+    seed: int,
+    target: HeadTarget = "outcomes",
 ) -> FloatArray:
     """Scores of ``data`` from estimators whose domain ``data.file.name`` never saw the row."""
     n = len(data.file.rows)
@@ -209,27 +227,39 @@ def out_of_fold_route_scores(
     for test in stratified_folds(data.small, data.large, folds, seed):
         train = np.setdiff1d(np.arange(n), test)
         domains = list(full.domains)
-        domains[position] = replace(data.fit(train, c, weight), gate=full.domains[position].gate)
+        refit = data.fit(train, c, weight, target)
+        domains[position] = replace(refit, gate=full.domains[position].gate)
         fold = DifficultyEstimator(domains, threshold=full.threshold, dim=full.dim)
         scores[test] = fold.score_batch(data.embeddings[test], [texts[i] for i in test])
     return scores
 
 
-def _select_route(data: DomainData, folds: int, repeats: int, seed: int) -> dict[str, Any]:
+def _select_route(
+    data: DomainData,
+    folds: int,
+    repeats: int,
+    seed: int,
+    grid: Sequence[tuple[float, float, HeadTarget]] | None = None,
+) -> dict[str, Any]:
     n = len(data.file.rows)
     results = []
-    for c, weight in ROUTE_GRID:
+    for c, weight, target in ROUTE_GRID if grid is None else grid:
         values = []
         for r in range(repeats):
             scores = np.zeros(n)
             for test in stratified_folds(data.small, data.large, folds, seed + r):
                 train = np.setdiff1d(np.arange(n), test)
-                model = data.fit(train, c, weight)
+                model = data.fit(train, c, weight, target)
                 design = model.design_from_features(data.embeddings[test], data.features[test])
                 scores[test] = model.gain(design)
             values.append(apgr(router_curve(scores, data.small, data.large)))
         results.append(
-            {"l2_c": c, "text_weight": weight, "cv_apgr": round(float(np.mean(values)), 4)}
+            {
+                "l2_c": c,
+                "text_weight": weight,
+                "target": target,
+                "cv_apgr": round(float(np.mean(values)), 4),
+            }
         )
     best = max(results, key=lambda item: item["cv_apgr"])
     return {"best": best, "grid": results}
@@ -331,14 +361,20 @@ def train(
         log(f"{data.file.name}: rows {len(data.file.rows)}, chose {best}")
         selections.append(selection)
         everything = np.arange(len(data.file.rows), dtype=np.intp)
-        model = data.fit(everything, best["l2_c"], best["text_weight"])
+        model = data.fit(everything, best["l2_c"], best["text_weight"], best["target"])
         models.append(replace(model, info={**model.info, "cv": selection}))
     models = with_gates(models, [d.embeddings for d in domains])
     dim = int(domains[0].embeddings.shape[1])
     estimator = DifficultyEstimator(models, threshold=0.0, dim=dim)
     oof = [
         out_of_fold_route_scores(
-            d, estimator, s["best"]["l2_c"], s["best"]["text_weight"], folds, seed
+            d,
+            estimator,
+            s["best"]["l2_c"],
+            s["best"]["text_weight"],
+            folds,
+            seed,
+            s["best"]["target"],
         )
         for d, s in zip(domains, selections, strict=True)
     ]

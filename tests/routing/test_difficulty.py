@@ -10,22 +10,25 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from routing import train_router
 from routing.calibration import Target
 from routing.difficulty import (
     DEFAULT_ARTIFACT,
+    HEAD_TARGETS,
     TEXT_FEATURES,
     DifficultyEstimator,
     DifficultyRouter,
     DomainModel,
     LogisticHead,
+    head_labels,
     load_estimator,
     read_artifact,
     text_features,
 )
 from routing.router_data import PromptFilter, load_data
-from routing.router_eval import score_rows
+from routing.router_eval import figures, score_rows
 from routing.tier_config import TieredModelConfig
-from routing.train_router import fit_logistic, train
+from routing.train_router import fit_domain, fit_logistic, train
 
 DIM = 8
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "routing"
@@ -116,6 +119,50 @@ def test_json_round_trip_keeps_the_scores() -> None:
     )
 
 
+def test_both_head_targets_difference_to_the_gain() -> None:
+    small = np.array([0.0, 0.0, 1.0, 1.0])
+    large = np.array([0.0, 1.0, 0.0, 1.0])
+    for target in HEAD_TARGETS:
+        low, high = head_labels(target, small, large)
+        assert set(np.unique(low)) <= {0.0, 1.0} and set(np.unique(high)) <= {0.0, 1.0}
+        assert (high - low).tolist() == (large - small).tolist()
+    assert head_labels("gain_sign", small, large)[1].tolist() == [0.0, 1.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="head target"):
+        head_labels("other", small, large)  # type: ignore[arg-type]
+
+
+def test_gain_sign_heads_rank_by_the_gain_and_survive_json() -> None:
+    rng = np.random.default_rng(4)
+    n = 400
+    x = rng.normal(size=(n, DIM))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    # axis 0: only the large tier is right; axis 1: only the small tier is right
+    u = rng.random(n)
+    wins = u < 1 / (1 + np.exp(-6 * x[:, 0] + 1))
+    losses = ~wins & (u > 1 - 1 / (1 + np.exp(-6 * x[:, 1] + 1)))
+    both = rng.random(n) < 0.5
+    small = np.where(wins, 0.0, np.where(losses, 1.0, both.astype(float)))
+    large = np.where(wins, 1.0, np.where(losses, 0.0, both.astype(float)))
+    features = np.zeros((n, len(TEXT_FEATURES)))
+    model = fit_domain("m", x, features, small, large, 1.0, 0.1, target="gain_sign")
+    assert model.target == "gain_sign" and model.info["target"] == "gain_sign"
+    estimator = DifficultyEstimator([model], threshold=0.0, dim=DIM)
+    texts = [""] * n
+    scores = estimator.score_batch(x, texts)
+    gain = large - small
+    assert scores[gain > 0].mean() > scores[gain == 0].mean() > scores[gain < 0].mean()
+    data = json.loads(json.dumps(estimator.to_json()))
+    assert data["domains"][0]["target"] == "gain_sign"
+    again = DifficultyEstimator.from_json(data, DIM)
+    assert again.domains[0].target == "gain_sign"
+    assert again.score_batch(x, texts) == pytest.approx(scores, abs=1e-5)
+    del data["domains"][0]["target"]  # artifacts written before the target was recorded
+    assert DifficultyEstimator.from_json(data, DIM).domains[0].target == "outcomes"
+    data["domains"][0]["target"] = "nonsense"
+    with pytest.raises(ValueError, match="head target"):
+        DifficultyEstimator.from_json(data, DIM)
+
+
 def test_fit_logistic_reaches_the_optimum() -> None:
     rng = np.random.default_rng(1)
     x = rng.normal(size=(300, 5))
@@ -167,6 +214,12 @@ def test_train_and_evaluate_out_of_fold(tmp_path: Path) -> None:
         assert domain["info"]["cv"]["out_of_fold"]["apgr"] > 0.65
     scored = score_rows(read_artifact(out), files[1], embed)
     assert scored.cross_validated
+    beta = artifact["route"]["domains"][1]
+    assert beta["target"] in HEAD_TARGETS
+    # router-eval refits the same heads (target included) on the same folds as training did
+    assert figures(scored).apgr == pytest.approx(
+        beta["info"]["cv"]["out_of_fold"]["apgr"], abs=1e-4
+    )
     assert (estimator.domain_index(embed([r.prompt for r in files[1].rows])) == 1).all()
     again = train(files, embed, folds=4, repeats=1, seed=3, command="test")
     assert json.dumps(again["route"]) == json.dumps(artifact["route"])  # reproducible
@@ -185,6 +238,26 @@ def test_train_and_evaluate_out_of_fold(tmp_path: Path) -> None:
     cut.write_text("\n".join(lines[:30]) + "\n")
     with pytest.raises(ValueError, match="every row"):
         score_rows(read_artifact(out), load_data(cut), embed)
+
+
+def test_gain_sign_artifact_is_scored_out_of_fold_with_its_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vectors = _synthetic(tmp_path / "alpha.jsonl", 0, 160, 1)
+
+    def embed(texts: Sequence[str]) -> np.ndarray:
+        return np.vstack([vectors[t] for t in texts])
+
+    files = [load_data(tmp_path / "alpha.jsonl")]
+    for target in HEAD_TARGETS:
+        monkeypatch.setattr(train_router, "ROUTE_GRID", ((1.0, 0.1, target),))
+        artifact = train(files, embed, folds=4, repeats=1, seed=3, command="test")
+        domain = artifact["route"]["domains"][0]
+        assert domain["target"] == target
+        scored = score_rows(artifact, files[0], embed)
+        assert figures(scored).apgr == pytest.approx(
+            domain["info"]["cv"]["out_of_fold"]["apgr"], abs=1e-4
+        )
 
 
 def test_prompt_filter_knows_the_training_prompts() -> None:
@@ -258,3 +331,20 @@ def test_tier_config_resolves_the_threshold() -> None:
     assert target.resolve_threshold(estimator) == estimator.threshold_for(
         Target("max_large_fraction", 0.3)
     )
+
+
+def test_nested_cross_validation_runs_the_training_selection(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from routing.router_cv import main
+
+    vectors = _synthetic(tmp_path / "alpha.jsonl", 0, 120, 1)
+
+    def embed(texts: Sequence[str]) -> np.ndarray:
+        return np.vstack([vectors[t] for t in texts])
+
+    argv = ["--data", str(tmp_path / "alpha.jsonl"), "--outer-repeats", "2", "--folds", "3"]
+    assert main([*argv, "--repeats", "1", "--targets", "gain_sign"], embed=embed) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["targets"] == ["gain_sign"] and len(result["apgr_per_repeat"]) == 2
+    assert result["mean"] > 0.65  # the oracle reaches 0.8 here, random 0.5
