@@ -28,6 +28,9 @@ class Sample:
     gaps: tuple[float, ...] = ()  # between reads that brought SSE events
 
 
+MAX_CONNECTIONS = 4096  # per target; a request past it counts as failed
+
+
 @dataclass(slots=True)
 class _Pending:
     started: float
@@ -198,6 +201,12 @@ class Target:
             conn = self._idle.pop()
             if not conn.closed:
                 return conn
+        if len(self._all) >= MAX_CONNECTIONS:
+            self._all = [c for c in self._all if not c.closed]
+            if len(self._all) >= MAX_CONNECTIONS:
+                # A level this far behind has failed any latency bound already; opening more
+                # sockets would only exhaust this process's file descriptors.
+                raise OSError(f"{MAX_CONNECTIONS} requests in flight to one target")
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(
             lambda: _Connection(self._idle.append), self.host, self.port
