@@ -399,19 +399,22 @@ class AttemptSpan:
 class DeferredRequestSpan(RequestSpan):
     """An unsampled request's span-to-be: a real span only if the request fails (see above)."""
 
-    __slots__ = ("_attrs", "_breaches", "_model", "_start_ns")
+    __slots__ = ("_breaches", "_decisions", "_model", "_start_ns")
 
     def __init__(self, telemetry: Telemetry, operation: str, request_model: str) -> None:
-        super().__init__(telemetry, trace.INVALID_SPAN, operation)
+        # Not RequestSpan.__init__: nothing here may cost more than a few attribute stores.
+        self.telemetry = telemetry
+        self.span = trace.INVALID_SPAN
+        self.operation = operation
+        self.recording = False
+        self._context = _EMPTY_CONTEXT
         self._start_ns = time.time_ns()
         self._model = request_model
-        self._attrs: dict[str, AttributeValue] = {}
+        self._decisions: list[Mapping[str, AttributeValue | None]] = []
         self._breaches: list[tuple[int, dict[str, AttributeValue]]] = []
 
     def decision(self, attrs: Mapping[str, AttributeValue | None]) -> None:
-        for key, value in attrs.items():
-            if value is not None:
-                self._attrs[f"gateway.{key}"] = value
+        self._decisions.append(attrs)  # formatted only if the span is ever made
 
     def budget_breach(self, kind: str, budget_ms: float, observed_ms: float) -> None:
         self._breaches.append((time.time_ns(), _breach_attributes(kind, budget_ms, observed_ms)))
@@ -423,12 +426,10 @@ class DeferredRequestSpan(RequestSpan):
             return
         if not telemetry.take_failure_token():
             return
-        attrs: dict[str, AttributeValue] = {
-            OPERATION: self.operation,
-            REQUEST_MODEL: self._model,
-            **self._attrs,
-            "gateway.trace.kept": "failure",
-        }
+        attrs: dict[str, AttributeValue] = {OPERATION: self.operation, REQUEST_MODEL: self._model}
+        for decided in self._decisions:
+            attrs.update({f"gateway.{k}": v for k, v in decided.items() if v is not None})
+        attrs["gateway.trace.kept"] = "failure"
         span = telemetry.tracer.start_span(
             f"{self.operation} {self._model}",
             context=Context(),
@@ -463,5 +464,6 @@ def _breach_attributes(
     }
 
 
+_EMPTY_CONTEXT = Context()
 NOOP_REQUEST = RequestSpan(None, trace.INVALID_SPAN)
 NOOP_ATTEMPT = AttemptSpan(trace.INVALID_SPAN)
