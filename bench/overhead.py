@@ -11,7 +11,10 @@ the proxy's process tree over the requests it served), memory, added latency at 
 added p99 stays under --slo-ms and under --equal-p99-ms (the threshold at which gateway and
 LiteLLM rates are compared: LiteLLM's own concurrency-1 overhead is far above --slo-ms).
 Medians over --repeats are reported; added latency is a proxy's percentile minus the upstream's
-percentile from the same repeat.
+percentile from the same repeat. With --tracing (the default) the gateway also runs twice more
+with tracing on, exporting OTLP/HTTP to a span-counting receiver (bench._otlp_sink): at the
+policy's default sample ratio and with every request traced; a closed-loop saturation phase
+(alternating one-second rounds) gives the request rate that tracing costs.
 
     python -m bench.overhead [--quick] [--json] [--skip-litellm] [--repeats N]
 """
