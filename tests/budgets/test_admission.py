@@ -45,10 +45,15 @@ class Recorder:
         self.order: list[str] = []
         self.tickets: dict[str, Ticket] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.rejected: dict[str, AdmissionRejected] = {}
 
     async def enter(self, name: str, priority: Priority, max_wait_s: float | None = None) -> None:
         async def run() -> None:
-            ticket = await self.queue.acquire(priority, max_wait_s)
+            try:
+                ticket = await self.queue.acquire(priority, max_wait_s)
+            except AdmissionRejected as exc:  # a waiter a test left behind timing out later
+                self.rejected[name] = exc
+                return
             self.order.append(name)
             self.tickets[name] = ticket
 
