@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.protocol import Endpoint, ParsedRequest
+from policies.genai_response import DONE, sse_payloads
 
 if TYPE_CHECKING:
     from cache.config import CachePolicy
@@ -96,11 +97,8 @@ class StreamCapture:
             return None
         events: list[dict[str, Any]] = []
         done = False
-        for line in b"".join(self.chunks).split(b"\n"):
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
+        for payload in sse_payloads(b"".join(self.chunks)):
+            if payload == DONE:
                 done = True
                 continue
             try:

@@ -28,8 +28,9 @@ from gateway.caching import QueryEmbedding
 from gateway.errors import GatewayError, Unavailable
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import Endpoint, ParsedRequest
-from gateway.relay import RelayResult, StreamPlan, relay_stream, response_headers
+from gateway.relay import RelayResult, StreamPlan, relay_body, relay_stream
 from gateway.runtime import Runtime, Target
+from policies.genai_response import DONE, sse_payloads
 from routing.calibration import wants_large
 from routing.cascade import CascadeVerdict, CascadeVerifier, SmallAnswer, load_verifier
 from routing.difficulty import DifficultyEstimator, load_estimator
@@ -209,11 +210,8 @@ async def _hold(
     def scan(events: Iterable[bytes]) -> None:
         nonlocal finish, done
         for event in events:
-            for line in event.split(b"\n"):
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
+            for payload in sse_payloads(event):
+                if payload == DONE:
                     done = True
                     continue
                 try:
@@ -312,11 +310,4 @@ async def _relay(
     if parsed.stream and upstream.status == 200:
         plan = StreamPlan(first=attempt.first, first_at=attempt.first_at)
         return await relay_stream(request, upstream, extra, plan)
-    try:
-        body = await upstream.read()
-    finally:
-        upstream.release()
-    resp = web.Response(
-        status=upstream.status, body=body, headers=response_headers(upstream, extra)
-    )
-    return resp, RelayResult(upstream.status, body=body)
+    return await relay_body(upstream, extra)

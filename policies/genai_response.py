@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,11 +91,8 @@ class StreamSummarizer:
         return b'"finish_reason"' in event and not any(n in event for n in _NULL_FINISH)
 
     def _parse(self, event: bytes) -> None:
-        for line in event.split(b"\n"):
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]" or not payload:
+        for payload in sse_payloads(event):
+            if payload == DONE:
                 continue
             try:
                 obj = json.loads(payload)
@@ -102,3 +100,15 @@ class StreamSummarizer:
                 continue
             self._seen_first = True
             self.summary.absorb(obj, self.collect_text)
+
+
+DONE = b"[DONE]"
+
+
+def sse_payloads(data: bytes) -> Iterator[bytes]:
+    """The payload of every non-empty ``data:`` line of SSE bytes (``DONE`` included)."""
+    for line in data.split(b"\n"):
+        if line.startswith(b"data:"):
+            payload = line[5:].strip()
+            if payload:
+                yield payload
