@@ -60,6 +60,8 @@ async def totals(pool: LocalVllmPool) -> dict[str, float]:
         "vllm:prefix_cache_queries_total",
         "vllm:time_to_first_token_seconds_sum",
         "vllm:time_to_first_token_seconds_count",
+        "vllm:request_prefill_time_seconds_sum",
+        "vllm:request_prefill_time_seconds_count",
     )
     out = dict.fromkeys(names, 0.0)
     async with aiohttp.ClientSession() as s:
@@ -134,6 +136,8 @@ models:
         "queries": delta["vllm:prefix_cache_queries_total"],
         "ttft_mean": delta["vllm:time_to_first_token_seconds_sum"]
         / max(delta["vllm:time_to_first_token_seconds_count"], 1),
+        "prefill_mean": delta["vllm:request_prefill_time_seconds_sum"]
+        / max(delta["vllm:request_prefill_time_seconds_count"], 1),
         "replicas_per_tenant": max(len(v) for v in placement.values()),
         "min_match_warm": min(matched),
     }
@@ -150,7 +154,10 @@ async def test_prefix_routing_beats_round_robin_on_real_vllm(
     assert prefix["queries"] > 0
     # Expected about 2x (14 warm requests of 21 against 7); demand a clear margin.
     assert prefix["hits"] >= 1.4 * rr["hits"]
-    assert prefix["ttft_mean"] < rr["ttft_mean"]
+    # Server-side time to the first token, less the time queued: the prefill. (The TTFT mean
+    # itself, printed above, flipped in 2 of ~10 runs on two shared cores: one request delayed
+    # by another process outweighs 21 requests' few ms of difference.)
+    assert prefix["prefill_mean"] < rr["prefill_mean"]
 
 
 async def test_precise_prefix_routing_on_real_vllm_kv_events(
@@ -166,6 +173,4 @@ async def test_precise_prefix_routing_on_real_vllm_kv_events(
     # tokenization and chat rendering agree with the engine's.
     assert precise["min_match_warm"] >= 128
     assert precise["hits"] >= 1.4 * rr["hits"]
-    # No TTFT assertion here: the approximate test above carries the TTFT criterion, and on
-    # two shared cores a mean over 14 warm requests flipped once in a fresh-clone run (27 vs 21
-    # ms) while the replicas' own hit counters showed the same 2x.
+    assert precise["prefill_mean"] < rr["prefill_mean"]
