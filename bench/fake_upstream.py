@@ -2,7 +2,8 @@
 
 Behaviour is fixed by its settings (latency before the response, number of stream chunks and
 the gap between them) and by a script of per-request actions that a test queues up
-(``"ok"``, ``"status:503"``, ``"drop"``, ``"hang"``, ``"midstream_drop"``...). Nothing is random.
+(``"ok"``, ``"status:503"``, ``"drop"``, ``"hang"``, ``"midstream_drop"``, ``"hold_end:0.2"``:
+a stream's ``data: [DONE]`` sent, its end held back 0.2 s...). Nothing is random.
 Run standalone: ``python -m bench.fake_upstream --port 9000 --latency-ms 1 --chunks 64``.
 """
 
@@ -112,8 +113,9 @@ class FakeUpstream:
             return web.json_response(self._embeddings(body))
         chat = request.path.endswith("/chat/completions")
         if body.get("stream"):
+            hold_end = float(action.split(":", 1)[1]) if action.startswith("hold_end:") else 0.0
             return await self._stream(
-                request, body, chat, midstream_drop=action == "midstream_drop"
+                request, body, chat, midstream_drop=action == "midstream_drop", hold_end=hold_end
             )
         self.completed += 1
         return web.json_response(self._full(body, chat))
@@ -163,7 +165,12 @@ class FakeUpstream:
         }
 
     async def _stream(
-        self, request: web.Request, body: dict[str, Any], chat: bool, midstream_drop: bool
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        chat: bool,
+        midstream_drop: bool,
+        hold_end: float = 0.0,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -211,6 +218,8 @@ class FakeUpstream:
             }
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
+        if hold_end:  # the answer is complete; the body's end (chunked terminator) comes later
+            await asyncio.sleep(hold_end)
         await resp.write_eof()
         self.completed += 1
         return resp

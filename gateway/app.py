@@ -142,7 +142,16 @@ async def _context_middleware(request: web.Request, handler: Handler) -> web.Str
     request_id = request.headers.get("x-request-id", "")[:128] or os.urandom(12).hex()
     request[REQUEST_ID] = request_id
     started = time.perf_counter()
-    response = await handler(request)
+    try:
+        response = await handler(request)
+    except asyncio.CancelledError:  # the client went away and aiohttp cancelled the handler
+        labels = request.get(LABELS_KEY)
+        if labels is not None:
+            model, backend, replica = labels
+            request.app[GATEWAY].metrics.observe_request(
+                model, backend, replica, 499, time.perf_counter() - started
+            )
+        raise
     if not response.prepared:
         response.headers["x-request-id"] = request_id
     labels = request.get(LABELS_KEY)

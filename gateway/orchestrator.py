@@ -6,6 +6,7 @@ a plain call with typed inputs and outputs owned by its package.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -134,6 +135,7 @@ class Orchestrator:
                 else:
                     # 8. choose a replica and open the upstream (retries, fallbacks, hedging)
                     attempt = await self.opener.open(rt, open_req, targets)
+                    _label(request, parsed, attempt)  # known now, should the client leave
                     # 9. relay the answer as it arrives
                     response, result = await self.relay(
                         request,
@@ -145,11 +147,7 @@ class Orchestrator:
                         capture,
                         _tier_headers(plan, tier) if tier is not None else None,
                     )
-                request[LABELS_KEY] = (
-                    parsed.model,
-                    attempt.target.pool.name,
-                    attempt.decision.replica.name,
-                )
+                _label(request, parsed, attempt)
             finally:
                 if ticket is not None:
                     ticket.release()
@@ -165,6 +163,9 @@ class Orchestrator:
             status = exc.status
             if status >= 500:  # a client's error (4xx) is not the server span's error
                 error_type = exc.code or exc.type
+            raise
+        except asyncio.CancelledError:
+            status = 499  # the client went away (handler cancellation): not the server's failure
             raise
         finally:
             if status >= 500 and status != 499 and not _recorded(request):
@@ -303,6 +304,11 @@ class Orchestrator:
             span.budget_breach("itl", budget.itl_ms, itl_ms)
         if verdict.total and budget.total_ms is not None:
             span.budget_breach("total", budget.total_ms, timing.total_ms)
+
+
+def _label(request: web.Request, parsed: ParsedRequest, attempt: Attempt) -> None:
+    """The request's metric labels: the model asked for, the backend and replica serving it."""
+    request[LABELS_KEY] = (parsed.model, attempt.target.pool.name, attempt.decision.replica.name)
 
 
 def _tier_headers(plan: SurfacePlan, tier: TierChoice) -> dict[str, str]:

@@ -136,6 +136,14 @@ async def relay_stream(
     except ConnectionResetError:
         result.status = 499  # the client went away mid-write
         return resp, result
+    except asyncio.CancelledError:
+        if _DONE not in tail:
+            raise  # the client went away before the end (or the server is stopping)
+        # Every byte up to [DONE] was handed over and the client closed, as clients may, while
+        # the upstream's end of body was awaited: a complete answer, so the cancel is absorbed.
+        if (task := asyncio.current_task()) is not None:
+            task.uncancel()
+        return resp, result
     finally:
         # Anything but a clean end (an error, the deadline, the client leaving, a cancelled
         # handler) closes the upstream connection, so the replica aborts the request.
@@ -146,7 +154,8 @@ async def relay_stream(
     try:
         await resp.write_eof()
     except ConnectionResetError:
-        result.status = 499
+        if _DONE not in tail:  # a client that read [DONE] may close before the end of body
+            result.status = 499
     return resp, result
 
 

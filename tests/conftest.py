@@ -63,10 +63,13 @@ async def make_gateway(tmp_path: object) -> AsyncIterator[GatewayFactory]:
     clients: list[openai.AsyncOpenAI] = []
 
     async def make(
-        policy_yaml: str, api_key: str = "unused", telemetry: Telemetry | None = None
+        policy_yaml: str,
+        api_key: str = "unused",
+        telemetry: Telemetry | None = None,
+        handler_cancellation: bool = True,  # False: aiohttp's default (web.run_app, gunicorn)
     ) -> RunningGateway:
         app = create_app(parse_policy(policy_yaml, "test-policy.yaml"), telemetry=telemetry)
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=handler_cancellation)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
