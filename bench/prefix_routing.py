@@ -8,7 +8,10 @@ simulator's vLLM engine, bench/_routing_des.py, virtual time). Reported per stra
 - throughput: output tokens per simulated second over the whole run;
 - imbalance: max over replicas of its time-averaged outstanding requests / the mean over
   replicas (1.0 = perfectly even), over the arrival window after the warm-up;
-- route_us: real CPU per routing decision on this machine (not part of simulated time).
+- route_us: real CPU per routing decision on this machine (not part of simulated time);
+- ttft_p50_floor_ms / ttft_p99_floor_ms: the same percentiles of each request's TTFT floor
+  (bench/_ttft_bound.py: unbounded cache holding the request's conversation or tenant context
+  on its replica, no queueing), below which no routing strategy can go on this run.
 
 Workloads (seeded; ``--seed``):
 - shared_prefix: 72 tenants, each with its own system prompt of 1.5-4k tokens, short
@@ -56,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._routing_des import Job, PoolRun, RunResult, SimClock, Workload, percentile
+from bench._ttft_bound import ttft_floors
 from bench.sim.params import SimParams, load_profile
 from bench.sim.tokenizer import SPECIAL_TOKENS, detokenize
 from bench.sim.tokenizer import tokenize as sim_tokenize
@@ -356,14 +360,21 @@ def run_one(
     t0 = time.perf_counter()
     res = run.run(workload)
     wall = time.perf_counter() - t0
-    return summarize(res, strategy, workload.name, replicas, scale.warmup_s, wall)
+    return summarize(res, strategy, workload.name, replicas, scale.warmup_s, wall, params)
 
 
 def summarize(
-    res: RunResult, strategy: str, workload: str, replicas: int, warmup_s: float, wall: float
-) -> dict[str, Any]:
+    res: RunResult, strategy: str, workload: str, replicas: int, warmup_s: float, wall: float,
+    params: SimParams | None = None,
+) -> dict[str, Any]:  # fmt: skip
     measured = [j for j in res.jobs if warmup_s <= j.arrival <= res.window_end]
     ttft = [(j.first_token_at or 0) - j.arrival for j in measured if j.first_token_at]
+    floor: dict[str, float] = {}
+    if params is not None:  # the TTFT no router could beat on these requests (_ttft_bound)
+        floors = ttft_floors(res.jobs, params)
+        mine = [floors[id(j)] for j in measured]
+        floor = {f"ttft_{q}_floor_ms": round(percentile(mine, v) * 1000, 1)
+                 for q, v in (("p50", 0.50), ("p99", 0.99))}  # fmt: skip
     served = sum(1 for j in measured if (j.first_token_at or math.inf) <= res.window_end)
     out_tokens = sum(len(j.output) for j in res.jobs)
     return {
@@ -375,6 +386,7 @@ def summarize(
         "ttft_p50_ms": round(percentile(ttft, 0.50) * 1000, 1),
         "ttft_p90_ms": round(percentile(ttft, 0.90) * 1000, 1),
         "ttft_p99_ms": round(percentile(ttft, 0.99) * 1000, 1),
+        **floor,
         "throughput_tok_s": round(out_tokens / res.makespan, 1) if res.makespan else 0.0,
         "imbalance": round(res.imbalance, 3),
         "route_us": round(res.route_us, 1),
@@ -402,7 +414,8 @@ def build_workload(
 
 def _table(rows: list[dict[str, Any]]) -> str:
     head: tuple[str, ...] = ("workload", "strategy", "hit_rate", "ttft_p50_ms", "ttft_p90_ms",
-                             "ttft_p99_ms", "throughput_tok_s", "imbalance", "route_us")  # fmt: skip
+                             "ttft_p99_ms", "ttft_p99_floor_ms", "throughput_tok_s", "imbalance",
+                             "route_us")  # fmt: skip
     if any(r["load"] != 1.0 for r in rows):
         head = ("load", *head[:-1], "served_frac", "waiting_mid", "waiting_end")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -429,6 +442,9 @@ def _ratios(rows: list[dict[str, Any]]) -> list[str]:
                 parts.append(f"hit {o['hit_rate']:.3f} vs sglang {sg['hit_rate']:.3f}")
             if rr and rr["ttft_p99_ms"]:
                 parts.append(f"p99 x{o['ttft_p99_ms'] / rr['ttft_p99_ms']:.2f} of round_robin")
+                floor = o.get("ttft_p99_floor_ms")
+                if floor is not None:  # the best ratio any router could show here
+                    parts.append(f"(floor x{floor / rr['ttft_p99_ms']:.2f})")
             if ll and ll["ttft_p50_ms"]:
                 parts.append(
                     f"p50/p99 x{o['ttft_p50_ms'] / ll['ttft_p50_ms']:.3f}"
@@ -481,13 +497,15 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             if args.json:
                 keys = ("strategy", "workload", "hit_rate", "ttft_p50_ms", "ttft_p99_ms",
-                        "imbalance", "ttft_p90_ms", "throughput_tok_s", "route_us", "replicas",
+                        "imbalance", "ttft_p90_ms", "ttft_p50_floor_ms", "ttft_p99_floor_ms",
+                        "throughput_tok_s", "route_us", "replicas",
                         "requests", "load", "served_frac", "waiting_mid", "waiting_end",
                         "preemptions")  # fmt: skip
                 print(json.dumps({k: row[k] for k in keys}), flush=True)
             else:
                 print(f"x{load:<4g} {w:13} {s:18} hit={row['hit_rate']:.3f} "
                       f"p50={row['ttft_p50_ms']}ms p99={row['ttft_p99_ms']}ms "
+                      f"(floor {row['ttft_p99_floor_ms']}ms) "
                       f"imb={row['imbalance']} served={row['served_frac']} "
                       f"waiting={row['waiting_mid']}->{row['waiting_end']} "
                       f"reasons={row['reasons']} "
