@@ -26,11 +26,12 @@ plus ~50 us per span of OTLP encoding in the export thread (measured in bench.ov
 is why the policy's default ratio is 1 % and the demo's is 100 %.
 
 Failures are kept anyway (``trace_failures``, on by default): an unsampled request gets a
-``DeferredRequestSpan`` that only notes its start time, decisions and budget breaches in a
-dict, and becomes a real span at its end if it failed (status >= 500, the client's own 499
-excepted) or breached its budget, at most ``failure_traces_per_s`` a second (a token
-bucket, so an outage does not turn on full tracing). Such a span has no child spans (stages
-and attempts were not recorded) and carries ``gateway.trace.kept: failure``.
+``DeferredRequestSpan`` that only notes its start time, decisions, budget breaches and
+upstream attempts (replica, times, outcome), and becomes a real span at its end if it failed
+(status >= 500, the client's own 499 excepted) or breached its budget, at most
+``failure_traces_per_s`` a second (a token bucket, so an outage does not turn on full
+tracing). Such a span carries ``gateway.trace.kept: failure`` and one CLIENT child per
+attempt, with the times it really had; stage spans (cache lookup...) were not recorded.
 """
 
 from __future__ import annotations
@@ -291,20 +292,14 @@ class RequestSpan:
         """A CLIENT span for one upstream attempt; end it with ``AttemptSpan.end``."""
         if not self.recording or self.telemetry is None or self.telemetry.tracer is None:
             return NOOP_ATTEMPT
-        op = self.operation
-        attrs: dict[str, AttributeValue] = {
-            OPERATION: op,
-            REQUEST_MODEL: upstream_model,
-            **_server_attributes(base_url),
-            "gateway.backend": backend,
-            "gateway.replica": replica,
-            "gateway.attempt.hedge": hedge,
-            "gateway.attempt.index": index,
-        }
-        if provider is not None:
-            attrs[PROVIDER] = provider
+        attrs = _attempt_attributes(
+            self.operation, base_url, upstream_model, backend, replica, hedge, index, provider
+        )
         span = self.telemetry.tracer.start_span(
-            f"{op} {upstream_model}", context=self._context, kind=SpanKind.CLIENT, attributes=attrs
+            f"{self.operation} {upstream_model}",
+            context=self._context,
+            kind=SpanKind.CLIENT,
+            attributes=attrs,
         )
         return AttemptSpan(span)
 
@@ -387,19 +382,91 @@ class AttemptSpan:
         if not self.recording or self._ended:
             return
         self._ended = True
-        self.span.set_attribute("gateway.attempt.outcome", outcome)
-        if status is not None:
-            self.span.set_attribute("http.response.status_code", status)
-        if outcome in ("http_5xx", "connect_error", "timeout"):
-            self.span.set_attribute("error.type", outcome)
-            self.span.set_status(Status(StatusCode.ERROR, outcome))
-        self.span.end()
+        _end_attempt(self.span, outcome, status)
+
+
+def _attempt_attributes(
+    operation: str,
+    base_url: str,
+    upstream_model: str,
+    backend: str,
+    replica: str,
+    hedge: bool,
+    index: int,
+    provider: str | None,
+) -> dict[str, AttributeValue]:
+    attrs: dict[str, AttributeValue] = {
+        OPERATION: operation,
+        REQUEST_MODEL: upstream_model,
+        **_server_attributes(base_url),
+        "gateway.backend": backend,
+        "gateway.replica": replica,
+        "gateway.attempt.hedge": hedge,
+        "gateway.attempt.index": index,
+    }
+    if provider is not None:
+        attrs[PROVIDER] = provider
+    return attrs
+
+
+def _end_attempt(span: Span, outcome: str, status: int | None, end_time: int | None = None) -> None:
+    span.set_attribute("gateway.attempt.outcome", outcome)
+    if status is not None:
+        span.set_attribute("http.response.status_code", status)
+    if outcome in ("http_5xx", "connect_error", "timeout"):
+        span.set_attribute("error.type", outcome)
+        span.set_status(Status(StatusCode.ERROR, outcome))
+    span.end(end_time)
+
+
+class _DeferredAttempt(AttemptSpan):
+    """An unsampled request's attempt: when and how it went, kept until the request ends."""
+
+    __slots__ = ("args", "chunk_ns", "end_ns", "outcome", "start_ns", "status")
+
+    def __init__(self, args: tuple[str, str, str, str, bool, int, str | None]) -> None:
+        # Not AttemptSpan.__init__: a few stores, no span.
+        self.span = trace.INVALID_SPAN
+        self.recording = False
+        self._ended = False
+        self.args = args  # base_url, upstream_model, backend, replica, hedge, index, provider
+        self.start_ns = time.time_ns()
+        self.chunk_ns: int | None = None
+        self.end_ns: int | None = None
+        self.outcome = "cancelled"  # unless ended otherwise before the request
+        self.status: int | None = None
+
+    def first_chunk(self) -> None:
+        self.chunk_ns = time.time_ns()
+
+    def end(self, outcome: str, status: int | None = None) -> None:
+        if self.end_ns is None:
+            self.end_ns = time.time_ns()
+            self.outcome = outcome
+            self.status = status
+
+    def materialize(
+        self, tracer: trace.Tracer, operation: str, parent: Context, end_ns: int
+    ) -> None:
+        base_url, model, backend, replica, hedge, index, provider = self.args
+        span = tracer.start_span(
+            f"{operation} {model}",
+            context=parent,
+            kind=SpanKind.CLIENT,
+            attributes=_attempt_attributes(
+                operation, base_url, model, backend, replica, hedge, index, provider
+            ),
+            start_time=self.start_ns,
+        )
+        if self.chunk_ns is not None:
+            span.add_event("first_chunk", timestamp=self.chunk_ns)
+        _end_attempt(span, self.outcome, self.status, self.end_ns or end_ns)
 
 
 class DeferredRequestSpan(RequestSpan):
     """An unsampled request's span-to-be: a real span only if the request fails (see above)."""
 
-    __slots__ = ("_breaches", "_decisions", "_model", "_start_ns")
+    __slots__ = ("_attempts", "_breaches", "_decisions", "_model", "_start_ns")
 
     def __init__(self, telemetry: Telemetry, operation: str, request_model: str) -> None:
         # Not RequestSpan.__init__: nothing here may cost more than a few attribute stores.
@@ -412,6 +479,24 @@ class DeferredRequestSpan(RequestSpan):
         self._model = request_model
         self._decisions: list[Mapping[str, AttributeValue | None]] = []
         self._breaches: list[tuple[int, dict[str, AttributeValue]]] = []
+        self._attempts: list[_DeferredAttempt] = []
+
+    def attempt(
+        self,
+        *,
+        base_url: str,
+        upstream_model: str,
+        backend: str,
+        replica: str,
+        hedge: bool = False,
+        index: int = 0,
+        provider: str | None = None,
+    ) -> AttemptSpan:
+        attempt = _DeferredAttempt(
+            (base_url, upstream_model, backend, replica, hedge, index, provider)
+        )
+        self._attempts.append(attempt)
+        return attempt
 
     def decision(self, attrs: Mapping[str, AttributeValue | None]) -> None:
         self._decisions.append(attrs)  # formatted only if the span is ever made
@@ -439,6 +524,10 @@ class DeferredRequestSpan(RequestSpan):
         )
         for at_ns, event in self._breaches:
             span.add_event("budget_breach", event, timestamp=at_ns)
+        parent = trace.set_span_in_context(span)
+        now_ns = time.time_ns()
+        for attempt in self._attempts:  # which replicas were tried, and how each went
+            attempt.materialize(telemetry.tracer, self.operation, parent, now_ns)
         self.span = span
         self.recording = True
         super().end(status, error_type)

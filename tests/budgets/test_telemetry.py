@@ -228,6 +228,56 @@ def test_unsampled_failures_and_budget_breaches_are_kept_as_root_spans() -> None
     assert dict(event.attributes or {})["gateway.budget.observed_ms"] == 812.5
 
 
+def test_a_kept_failure_shows_each_attempt_with_its_own_times() -> None:
+    tel, exporter = unsampled()
+    rs = tel.start_request(operation="chat", request_model="m", headers={})
+    first = rs.attempt(base_url="http://10.0.0.1:8000/v1", upstream_model="up-m",
+                       backend="pool", replica="10.0.0.1:8000")  # fmt: skip
+    headers: dict[str, str] = {}
+    first.inject(headers)
+    assert headers == {}  # an unsampled request propagates no context upstream
+    first.end("http_5xx", 503)
+    second = rs.attempt(base_url="http://10.0.0.2:8000/v1", upstream_model="up-m",
+                        backend="pool", replica="10.0.0.2:8000", index=1)  # fmt: skip
+    second.first_chunk()
+    second.end("connect_error")
+    rs.attempt(
+        base_url="http://10.0.0.3:8000/v1",
+        upstream_model="up-m",
+        backend="pool",
+        replica="10.0.0.3:8000",
+        index=2,
+    )  # fmt: skip  (never ended: cancelled)
+    ok = tel.start_request(operation="chat", request_model="m", headers={})
+    ok.attempt(base_url="http://10.0.0.1:8000/v1", upstream_model="up-m", backend="pool",
+               replica="10.0.0.1:8000").end("ok", 200)  # fmt: skip
+    ok.end(200)
+    assert exporter.get_finished_spans() == ()  # a success leaves nothing, attempts included
+    rs.end(502, "bad_gateway")
+    spans = exporter.get_finished_spans()
+    (root,) = [s for s in spans if s.parent is None]
+    attempts = sorted((s for s in spans if s.parent is not None),
+                      key=lambda s: str(dict(s.attributes or {})["gateway.attempt.index"]))  # fmt: skip
+    assert len(attempts) == 3
+    assert root.context is not None
+    for span in attempts:
+        assert span.parent is not None and span.parent.span_id == root.context.span_id
+        assert span.context is not None and span.context.trace_id == root.context.trace_id
+        assert span.kind is SpanKind.CLIENT and span.name == "chat up-m"
+        assert root.start_time is not None and root.end_time is not None
+        assert span.start_time is not None and span.end_time is not None
+        assert root.start_time <= span.start_time <= span.end_time <= root.end_time
+    a1, a2, a3 = (dict(s.attributes or {}) for s in attempts)
+    assert a1["gateway.replica"] == "10.0.0.1:8000" and a1["gateway.attempt.outcome"] == "http_5xx"
+    assert a1["http.response.status_code"] == 503 and a1["server.port"] == 8000
+    assert attempts[0].status.status_code is StatusCode.ERROR
+    assert a2["gateway.attempt.outcome"] == "connect_error"
+    assert [e.name for e in attempts[1].events] == ["first_chunk"]
+    assert a3["gateway.attempt.outcome"] == "cancelled"
+    assert attempts[0].end_time is not None and attempts[1].start_time is not None
+    assert attempts[0].end_time <= attempts[1].start_time  # real times, in order
+
+
 def test_failure_traces_are_rate_limited_and_can_be_turned_off() -> None:
     tel, exporter = unsampled(failure_traces_per_s=3)
     for _ in range(40):

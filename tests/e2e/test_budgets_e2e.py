@@ -259,12 +259,40 @@ async def test_unsampled_failed_request_is_still_traced(make_gateway: GatewayFac
             extra_headers={"X-Surface": "chat"},
         )
     assert failure.value.status_code >= 500
-    (span,) = exporter.get_finished_spans()
+    spans = exporter.get_finished_spans()
+    (span,) = [s for s in spans if s.parent is None]
     attrs = dict(span.attributes or {})
     assert attrs["gateway.trace.kept"] == "failure"
     assert attrs["gateway.surface"] == "chat"
     assert attrs["http.response.status_code"] == failure.value.status_code
     assert isinstance(attrs["error.type"], str) and attrs["error.type"]
+
+
+async def test_unsampled_failed_request_keeps_its_attempts(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    ups = [await make_fake() for _ in range(2)]
+    for up in ups:
+        up.fake.queue("status:503")
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry.from_config(
+        TelemetryConfig(enabled=True, sample_ratio=0.0), {}, exporter=exporter, batch=False
+    )
+    surfaces = "  chat: {match: {header: chat}}"
+    gw = await make_gateway(policy([u.url for u in ups], surfaces), telemetry=telemetry)
+    with pytest.raises(openai.APIStatusError) as failure:
+        await gw.client.with_options(max_retries=0).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert failure.value.status_code == 502
+    spans = exporter.get_finished_spans()
+    (root,) = [s for s in spans if s.parent is None]
+    assert dict(root.attributes or {})["gateway.trace.kept"] == "failure"
+    # both replicas were tried, each attempt under the request with why it failed
+    attempts = [dict(s.attributes or {}) for s in spans if s.parent is not None]
+    assert len(attempts) == 2
+    assert {a["gateway.attempt.outcome"] for a in attempts} == {"http_5xx"}
+    assert {a["server.port"] for a in attempts} == {int(u.url.rsplit(":", 1)[1][:-3]) for u in ups}
 
 
 async def test_request_span_follows_genai_conventions_and_continues_the_trace(
