@@ -25,7 +25,7 @@ from gateway.errors import Unavailable, UpstreamError, UpstreamTimeout
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import ParsedRequest
 from gateway.runtime import Runtime, SurfacePlan, Target
-from gateway.upstream import AttemptFailed, UpstreamClient, UpstreamRequest
+from gateway.upstream import AttemptFailed, UpstreamClient, UpstreamRequest, UpstreamResponse
 from policies.admission import VLLM_PRIORITY
 from policies.hedging import race_first_chunk
 from policies.latency import choose_for_budget
@@ -45,7 +45,7 @@ class Attempt:
     target: Target
     decision: RoutingDecision
     routing: RoutingRequest
-    response: aiohttp.ClientResponse
+    response: UpstreamResponse  # aiohttp's, or a provider's translating adapter
     guard: LoadGuard
     span: AttemptSpan
     opened_at: float  # perf_counter when the request was sent
@@ -217,33 +217,37 @@ class AttemptOpener:
         read_first: bool,
         is_hedge: bool,
     ) -> Attempt:
-        pool, replica = target.pool, decision.replica
+        pool, replica, provider = target.pool, decision.replica, target.provider
+        body = self._body(rt, req, target, replica)  # a provider may refuse the request (400)
         span = req.span.attempt(
             base_url=replica.base_url,
             upstream_model=target.upstream_model,
             backend=pool.name,
             replica=replica.name,
             hedge=is_hedge,
+            provider=None if provider is None else pool.settings.kind,
         )
         headers = req.headers.copy()
-        headers.update(pool.auth_headers())
-        if req.plan.name != "default" and "priority" not in req.parsed.body:
+        headers.update(pool.auth_headers() if provider is None else provider.headers)
+        if provider is None and req.plan.name != "default" and "priority" not in req.parsed.body:
             # The surface's priority for replicas started with --scheduling-policy priority
             # (others ignore it); a client's own `priority` field is left to win.
             headers["X-Vllm-Priority"] = str(VLLM_PRIORITY[req.plan.priority])
         span.inject(headers)
-        body = self._body(rt, req, target, replica)
+        path = req.parsed.endpoint.value if provider is None else provider.path
         first_byte_s = timeouts.first_byte_s
         if req.deadline is not None:
             first_byte_s = min(first_byte_s, max(req.deadline - time.perf_counter(), 0.001))
             timeouts = timeouts.model_copy(update={"first_byte_s": first_byte_s})
         guard = LoadGuard(replica)
         opened_at = time.perf_counter()
-        response: aiohttp.ClientResponse | None = None
+        response: UpstreamResponse | None = None
         try:
             response = await self.client.open(
-                replica, UpstreamRequest(req.parsed.endpoint.value, body, headers), timeouts
+                replica, UpstreamRequest(path, body, headers), timeouts
             )
+            if provider is not None:
+                response = provider.wrap(response, req.parsed)
             attempt = Attempt(target, decision, routing, response, guard, span, opened_at)
             if read_first and response.status == 200:
                 attempt.first = await _first_chunk(response, replica, first_byte_s)
@@ -271,6 +275,7 @@ class AttemptOpener:
     def _body(self, rt: Runtime, req: OpenRequest, target: Target, replica: Replica) -> bytes:
         parsed, plan = req.parsed, req.plan
         total_ms = plan.budget.total_ms
+        cap = None
         if plan.actions.cap_output and total_ms is not None and parsed.endpoint.generates:
             cap = cap_max_tokens(
                 total_ms=total_ms,
@@ -281,12 +286,15 @@ class AttemptOpener:
             )
             if cap is not None:
                 req.span.decision({"output_cap": cap})
-                capped = with_max_tokens({**parsed.body, "model": target.upstream_model}, cap)
-                return json.dumps(capped).encode()
+        if target.provider is not None:
+            return target.provider.body(parsed, target.upstream_model, cap)
+        if cap is not None:
+            capped = with_max_tokens({**parsed.body, "model": target.upstream_model}, cap)
+            return json.dumps(capped).encode()
         return parsed.body_for(target.upstream_model)
 
 
-async def _first_chunk(response: aiohttp.ClientResponse, replica: Replica, limit_s: float) -> bytes:
+async def _first_chunk(response: UpstreamResponse, replica: Replica, limit_s: float) -> bytes:
     """Read until the first bytes of the body (a hedge races on this, not on the headers)."""
     try:
         async with asyncio.timeout(limit_s):

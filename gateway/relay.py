@@ -23,6 +23,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.errors import error_bytes
+from gateway.upstream import UpstreamResponse, UpstreamStreamError
 
 log = logging.getLogger("llm_gateway.relay")
 
@@ -51,7 +52,7 @@ class RelayResult:
         return (self.last_at - self.first_at) * 1000 / (self.reads - 1)
 
 
-def response_headers(upstream: aiohttp.ClientResponse, extra: dict[str, str]) -> dict[str, str]:
+def response_headers(upstream: UpstreamResponse, extra: dict[str, str]) -> dict[str, str]:
     headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
     headers.pop("Server", None)
     headers.pop("Date", None)
@@ -60,7 +61,7 @@ def response_headers(upstream: aiohttp.ClientResponse, extra: dict[str, str]) ->
 
 
 async def relay_body(
-    upstream: aiohttp.ClientResponse, extra: dict[str, str]
+    upstream: UpstreamResponse, extra: dict[str, str]
 ) -> tuple[web.Response, RelayResult]:
     """A non-streaming answer (or an upstream 4xx): read it whole, pass it on unchanged."""
     try:
@@ -86,7 +87,7 @@ class StreamPlan:
 
 
 async def relay_stream(
-    request: web.Request, upstream: aiohttp.ClientResponse, extra: dict[str, str], plan: StreamPlan
+    request: web.Request, upstream: UpstreamResponse, extra: dict[str, str], plan: StreamPlan
 ) -> tuple[web.StreamResponse, RelayResult]:
     headers = response_headers(upstream, extra)
     headers["Cache-Control"] = "no-cache"
@@ -127,6 +128,9 @@ async def relay_stream(
         if _DONE not in tail:
             result.status = 502
             await _write_error(resp, "the upstream stream ended before [DONE]")
+    except UpstreamStreamError as exc:  # the upstream said why (e.g. Anthropic's error event)
+        result.status = 502
+        await _write_error(resp, str(exc))
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
         result.status = 502
         await _write_error(resp, "the upstream connection broke during the stream")

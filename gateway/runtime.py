@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 from cache.config import CachePolicy
 from gateway.errors import NotFound, Unauthorized
+from gateway.providers import Provider, build_provider
 from policies.admission import AdmissionQueue
 from policies.budget_config import Priority, SurfaceActions
 from policies.hedging import HedgePolicy
 from policies.latency import ReplicaLatency
-from policies.schema import Budget, OpenAIBackend, Policy, Surface, VllmBackend
+from policies.schema import Backend, Budget, Policy, Surface, VllmBackend
 from routing.factory import build_router
 from routing.least_loaded import LeastLoadedRouter, RoundRobinRouter
 from routing.pool import BackendPool, PoolSettings
@@ -30,6 +31,7 @@ from routing.tier_config import TieredModelConfig, TierTarget
 class Target:
     pool: BackendPool
     upstream_model: str
+    provider: Provider | None = None  # None: the backend speaks OpenAI's API itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,11 @@ class Runtime:
         self.latency = latency if latency is not None else ReplicaLatency()
         self.source = source
         self.pools = dict(pools)
+        self.providers: dict[str, Provider] = {}
+        for name, backend in policy.backends.items():
+            provider = build_provider(name, backend)
+            if provider is not None:
+                self.providers[name] = provider
         self.max_body_bytes = policy.server.max_body_bytes
         self.surface_header = policy.server.surface_header
         self.retry_after = str(policy.server.retry_after_s)
@@ -120,14 +127,14 @@ class Runtime:
             return self.tier_targets(alias, route.small)
         if route is not None:
             primary = self.pools[route.backend]
-            targets = [Target(primary, route.model or _default_upstream(alias, primary))]
+            targets = [self._target(primary, route.model or _default_upstream(alias, primary))]
             for fb in route.fallbacks:
                 pool = self.pools[fb.backend]
-                targets.append(Target(pool, fb.model or _default_upstream(alias, pool)))
+                targets.append(self._target(pool, fb.model or _default_upstream(alias, pool)))
             return targets
         for pool in self.pools.values():
             if alias in pool.models:
-                return [Target(pool, alias)]
+                return [self._target(pool, alias)]
         raise NotFound(f"The model '{alias}' does not exist", code="model_not_found")
 
     def tiered(self, alias: str) -> TieredModelConfig | None:
@@ -136,7 +143,10 @@ class Runtime:
 
     def tier_targets(self, alias: str, tier: TierTarget) -> list[Target]:
         pool = self.pools[tier.backend]
-        return [Target(pool, tier.model or _default_upstream(alias, pool))]
+        return [self._target(pool, tier.model or _default_upstream(alias, pool))]
+
+    def _target(self, pool: BackendPool, upstream_model: str) -> Target:
+        return Target(pool, upstream_model, self.providers.get(pool.name))
 
     def model_names(self) -> list[str]:
         names = list(self.policy.models)
@@ -162,7 +172,7 @@ def _replicas_of(pool: BackendPool) -> Callable[[], Sequence[Replica]]:
     return lambda: pool.replicas
 
 
-def pool_settings(name: str, backend: VllmBackend | OpenAIBackend) -> PoolSettings:
+def pool_settings(name: str, backend: Backend) -> PoolSettings:
     if isinstance(backend, VllmBackend):
         urls = tuple(backend.replicas)
         api_key = backend.api_key

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 from multidict import CIMultiDict
@@ -30,9 +32,39 @@ class AttemptFailed(Exception):
         self.retryable = retryable
 
 
+class UpstreamStreamError(aiohttp.ClientPayloadError):
+    """The upstream reported an error in the middle of a stream (e.g. Anthropic's ``error``)."""
+
+
+class UpstreamBody(Protocol):
+    async def readany(self) -> bytes: ...
+
+    def iter_any(self) -> AsyncIterator[bytes]: ...
+
+
+class UpstreamResponse(Protocol):
+    """What the relay reads of an upstream answer: aiohttp's response, or a translating adapter
+    (``gateway.providers.translated``) for a backend that speaks another API."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def content(self) -> UpstreamBody: ...
+
+    async def read(self) -> bytes: ...
+
+    def release(self) -> object: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class UpstreamRequest:
-    path: str  # "chat/completions" or "completions"
+    path: str  # "chat/completions", "completions", "embeddings" or a provider's ("messages")
     body: bytes
     headers: CIMultiDict[str]
 

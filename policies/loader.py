@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from policies.budget_config import action_errors
-from policies.schema import OpenAIBackend, Policy
+from policies.schema import AnthropicBackend, OpenAIBackend, Policy
 from policies.yamlsource import KeyPath, SourceDoc, parse_yaml
 from routing.tier_config import TieredModelConfig
 
@@ -82,9 +82,11 @@ def _from_validation(exc: ValidationError, doc: SourceDoc, file: str) -> list[Po
         elif err["type"] == "missing":
             message = "required key is missing"
         elif err["type"] == "union_tag_invalid":
-            message = f"unknown kind {err['input'].get('kind')!r} (expected vllm or openai)"
+            message = (
+                f"unknown kind {err['input'].get('kind')!r} (expected vllm, openai or anthropic)"
+            )
         elif err["type"] == "union_tag_not_found":
-            message = "missing key 'kind' (vllm or openai)"
+            message = "missing key 'kind' (vllm, openai or anthropic)"
         elif message.startswith("Value error, "):
             message = message[len("Value error, ") :]
         issues.append(PolicyIssue(file, doc.line_of(path), path, message))
@@ -139,7 +141,9 @@ def cross_check(
     ):
         problems.append((("models",), "no models: declare one or set discover_models on a backend"))
     for name, backend in backends.items():
-        key_env = backend.api_key_env if isinstance(backend, OpenAIBackend) else None
+        key_env = (
+            backend.api_key_env if isinstance(backend, OpenAIBackend | AnthropicBackend) else None
+        )
         if key_env is not None and not env.get(key_env):
             problems.append(
                 (("backends", name, "api_key_env"), f"environment variable {key_env} is not set")

@@ -97,7 +97,35 @@ class OpenAIBackend(Strict):
     _base = field_validator("base_url")(classmethod(lambda cls, v: _check_url(v)))
 
 
-Backend = Annotated[VllmBackend | OpenAIBackend, Field(discriminator="kind")]
+class AnthropicBackend(Strict):
+    """Anthropic's Messages API: chat requests and answers are translated (gateway/providers)."""
+
+    kind: Literal["anthropic"]
+    base_url: str = "https://api.anthropic.com/v1"
+    api_key_env: str | None = None  # name of the environment variable holding the key
+    default_max_tokens: int = Field(4096, ge=1)  # Anthropic requires max_tokens; sent when absent
+    health: HealthConfig = HealthConfig(active=False)
+    timeouts: TimeoutConfig = TimeoutConfig()
+    max_connections: int = Field(1000, ge=1)
+
+    _base = field_validator("base_url")(classmethod(lambda cls, v: _check_url(v)))
+
+    @field_validator("health", mode="before")
+    @classmethod
+    def _passive(cls, value: Any) -> Any:
+        """No active checks (there is no health endpoint): ejection after failures only."""
+        if isinstance(value, dict):
+            if value.get("active"):
+                raise ValueError("anthropic backends have no health endpoint: active must be false")
+            return {**value, "active": False}
+        return value
+
+    @property
+    def discover_models(self) -> bool:
+        return False  # the aliases in `models` name what this backend serves
+
+
+Backend = Annotated[VllmBackend | OpenAIBackend | AnthropicBackend, Field(discriminator="kind")]
 
 
 class Target(Strict):

@@ -1,0 +1,53 @@
+"""Anthropic's Messages API as a backend (``kind: anthropic``): chat completions only.
+
+Requests go to ``POST {base_url}/messages`` with ``x-api-key`` and ``anthropic-version``;
+``anthropic_request`` translates them, ``anthropic_response`` and ``anthropic_stream`` translate
+the answers back. Bodies are asked for uncompressed: the gateway reads them to translate them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+
+from gateway.errors import BadRequest
+from gateway.protocol import Endpoint, ParsedRequest
+from gateway.providers.anthropic_request import to_messages_request
+from gateway.providers.anthropic_response import translate_body
+from gateway.providers.anthropic_stream import AnthropicStream
+from gateway.providers.translated import TranslatedResponse
+from gateway.upstream import UpstreamResponse
+
+ANTHROPIC_VERSION = "2023-06-01"
+
+
+class AnthropicProvider:
+    path = "messages"
+
+    def __init__(self, backend: str, api_key: str | None, default_max_tokens: int) -> None:
+        self.backend = backend
+        self.default_max_tokens = default_max_tokens
+        self.headers = {"anthropic-version": ANTHROPIC_VERSION, "Accept-Encoding": "identity"}
+        if api_key:
+            self.headers["x-api-key"] = api_key
+
+    def body(self, parsed: ParsedRequest, upstream_model: str, max_tokens_cap: int | None) -> bytes:
+        if parsed.endpoint is not Endpoint.CHAT:
+            raise BadRequest(
+                f"model '{parsed.model}' is served by the Anthropic backend '{self.backend}', "
+                f"which answers /v1/chat/completions only, not /v1/{parsed.endpoint.value}",
+                param="model",
+            )
+        request = to_messages_request(
+            parsed.body, upstream_model, self.default_max_tokens, max_tokens_cap
+        )
+        return json.dumps(request).encode()
+
+    def wrap(self, response: aiohttp.ClientResponse, parsed: ParsedRequest) -> UpstreamResponse:
+        stream = None
+        if parsed.stream and response.status == 200:
+            opts = parsed.body.get("stream_options")
+            include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+            stream = AnthropicStream(include_usage, parsed.model)
+        return TranslatedResponse(response, translate_body, stream)

@@ -1,0 +1,136 @@
+"""Anthropic Messages answers and errors, translated into OpenAI's chat-completion JSON.
+
+Text blocks join into ``message.content``; ``tool_use`` blocks become ``tool_calls`` (their
+``input`` as a JSON string of arguments); ``stop_reason`` maps onto ``finish_reason``; usage
+counts cached prompt tokens (read and written) into ``prompt_tokens``, as OpenAI does, and
+reports the ones read under ``prompt_tokens_details.cached_tokens``. Thinking and server-tool
+blocks have no OpenAI counterpart and are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.errors import error_body
+
+FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+
+# Anthropic's error types, as OpenAI's (the original stays in ``code``).
+_ERROR_TYPES = {
+    "request_too_large": "invalid_request_error",
+    "api_error": "upstream_error",
+    "overloaded_error": "upstream_error",
+}
+_STATUS_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+
+
+def finish_reason(stop_reason: Any) -> str:
+    return FINISH_REASONS.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
+
+
+def usage(counts: Mapping[str, Any]) -> dict[str, Any]:
+    read = _count(counts, "cache_read_input_tokens")
+    written = _count(counts, "cache_creation_input_tokens")
+    prompt = _count(counts, "input_tokens") + read + written
+    completion = _count(counts, "output_tokens")
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    if read or written:
+        out["prompt_tokens_details"] = {"cached_tokens": read}
+    return out
+
+
+def _count(counts: Mapping[str, Any], key: str) -> int:
+    value = counts.get(key)
+    return value if isinstance(value, int) else 0
+
+
+def chat_completion(message: Mapping[str, Any], created: int | None = None) -> dict[str, Any]:
+    """The ``chat.completion`` for an Anthropic ``message``; raises ValueError if it is none."""
+    if message.get("type") != "message" or not isinstance(message.get("content"), list):
+        raise ValueError("not an Anthropic message")
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for block in message["content"]:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif block.get("type") == "tool_use":
+            calls.append(
+                {
+                    "id": block.get("id"),
+                    "type": "function",
+                    "function": {
+                        "name": block.get("name"),
+                        "arguments": json.dumps(block.get("input") or {}),
+                    },
+                }
+            )
+    reply: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if calls:
+        reply["tool_calls"] = calls
+    elif reply["content"] is None:
+        reply["content"] = ""
+    counts = message.get("usage")
+    return {
+        "id": message.get("id"),
+        "object": "chat.completion",
+        "created": int(time.time()) if created is None else created,
+        "model": message.get("model"),
+        "choices": [
+            {
+                "index": 0,
+                "message": reply,
+                "finish_reason": finish_reason(message.get("stop_reason")),
+                "logprobs": None,
+            }
+        ],
+        "usage": usage(counts if isinstance(counts, dict) else {}),
+    }
+
+
+def openai_error(status: int, raw: bytes) -> dict[str, Any]:
+    """OpenAI's error JSON for an Anthropic error body (or for whatever answered instead)."""
+    kind, message = None, None
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        kind = error.get("type") if isinstance(error.get("type"), str) else None
+        message = error.get("message") if isinstance(error.get("message"), str) else None
+    type_ = _ERROR_TYPES.get(kind or "", kind) or _STATUS_TYPES.get(status, "invalid_request_error")
+    return error_body(message or f"the Anthropic API answered {status}", type_, kind)
+
+
+def translate_body(status: int, raw: bytes) -> tuple[int, bytes]:
+    """A whole answer: the status and OpenAI body to relay (502 for a 200 that is no message)."""
+    if status != 200:
+        return status, json.dumps(openai_error(status, raw)).encode()
+    try:
+        data = json.loads(raw)
+        return 200, json.dumps(chat_completion(data)).encode()
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        body = error_body("the Anthropic API answered 200 without a message", "upstream_error", 502)
+        return 502, json.dumps(body).encode()

@@ -1,0 +1,189 @@
+"""Anthropic Messages stream events, translated into OpenAI ``chat.completion.chunk`` events.
+
+Fed the upstream's bytes as they arrive (an event may straddle reads), it returns the OpenAI SSE
+bytes each read adds up to, so the relay, the span summarizer, the cache capture and the cascade
+read a stream they know. The mapping, event by event:
+
+- ``message_start``: the first chunk, ``delta: {role: assistant, content: ""}``; id, model and
+  the prompt's token counts are kept for the chunks after it;
+- ``content_block_start``: a ``tool_use`` block opens a tool call (``index`` counts tool calls,
+  ``id``, ``function.name``, empty ``arguments``); a text block waits for its deltas;
+- ``content_block_delta``: ``text_delta`` -> ``delta.content``; ``input_json_delta`` -> the next
+  fragment of that tool call's ``arguments``;
+- ``message_delta``: the chunk with ``finish_reason`` (mapped from ``stop_reason``); its usage
+  counts are cumulative and replace the earlier ones;
+- ``message_stop``: the usage chunk (``choices: []``) when ``stream_options.include_usage`` asked
+  for it, then ``data: [DONE]``;
+- ``error``: raises ``UpstreamStreamError``, which the relay turns into its final SSE error event
+  (no ``[DONE]``: the openai client raises);
+- ``ping``, ``content_block_stop`` and blocks without an OpenAI counterpart (thinking): nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from gateway.providers.anthropic_response import finish_reason, usage
+from gateway.upstream import UpstreamStreamError
+
+_DONE = b"data: [DONE]\n\n"
+_SKIP = -2  # a content block that is not passed on
+_TEXT = -1  # a text block; tool_use blocks map to their tool call's index (0, 1, ...)
+
+
+class AnthropicStream:
+    __slots__ = (
+        "_blocks",
+        "_buffer",
+        "_counts",
+        "_finished",
+        "_head",
+        "_tools",
+        "done",
+        "include_usage",
+    )
+
+    def __init__(self, include_usage: bool, model: str = "") -> None:
+        self.include_usage = include_usage
+        self.done = False  # message_stop arrived
+        self._buffer = b""
+        self._head: dict[str, Any] = {
+            "id": "",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
+        self._counts: dict[str, Any] = {}
+        self._blocks: dict[int, int] = {}
+        self._tools = 0
+        self._finished = False
+
+    def feed(self, data: bytes) -> bytes:
+        buffer = self._buffer + data
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n")  # a split \r\n stays whole in the buffer
+        *events, self._buffer = buffer.split(b"\n\n")
+        out: list[bytes] = []
+        for event in events:
+            payload = _data(event)
+            if payload is not None:
+                self._event(payload, out)
+        return b"".join(out)
+
+    def _event(self, payload: bytes, out: list[bytes]) -> None:
+        try:
+            event = json.loads(payload)
+        except ValueError as exc:
+            raise UpstreamStreamError(
+                "the Anthropic stream sent an event that is not JSON"
+            ) from exc
+        if not isinstance(event, dict):
+            return
+        kind = event.get("type")
+        if kind == "content_block_delta":
+            self._delta(event, out)
+        elif kind == "message_start":
+            self._start(event.get("message"), out)
+        elif kind == "content_block_start":
+            self._block(event, out)
+        elif kind == "message_delta":
+            self._message_delta(event, out)
+        elif kind == "message_stop":
+            self._stop(out)
+        elif kind == "error":
+            error = event.get("error")
+            error = error if isinstance(error, dict) else {}
+            raise UpstreamStreamError(
+                f"Anthropic stream error {error.get('type', 'error')}: "
+                f"{error.get('message', 'no message')}"
+            )
+
+    def _start(self, message: Any, out: list[bytes]) -> None:
+        if isinstance(message, dict):
+            if isinstance(message.get("id"), str):
+                self._head["id"] = message["id"]
+            if isinstance(message.get("model"), str):
+                self._head["model"] = message["model"]
+            if isinstance(message.get("usage"), dict):
+                self._counts.update(message["usage"])
+        self._chunk(out, {"role": "assistant", "content": ""})
+
+    def _block(self, event: dict[str, Any], out: list[bytes]) -> None:
+        index, block = event.get("index"), event.get("content_block")
+        if not isinstance(index, int) or not isinstance(block, dict):
+            return
+        kind = block.get("type")
+        if kind == "text":
+            self._blocks[index] = _TEXT
+            if block.get("text"):
+                self._chunk(out, {"content": block["text"]})
+        elif kind == "tool_use":
+            tool = self._tools
+            self._tools += 1
+            self._blocks[index] = tool
+            start = block.get("input")
+            call = {
+                "index": tool,
+                "id": block.get("id"),
+                "type": "function",
+                "function": {"name": block.get("name"), "arguments": ""},
+            }
+            self._chunk(out, {"tool_calls": [call]})
+            if start:  # a complete input up front (no input_json_delta will follow)
+                self._arguments(out, tool, json.dumps(start))
+        else:
+            self._blocks[index] = _SKIP
+
+    def _delta(self, event: dict[str, Any], out: list[bytes]) -> None:
+        index = event.get("index")
+        target = self._blocks.get(index, _SKIP) if isinstance(index, int) else _SKIP
+        delta = event.get("delta")
+        if target == _SKIP or not isinstance(delta, dict):
+            return
+        kind = delta.get("type")
+        if kind == "text_delta" and target == _TEXT:
+            text = delta.get("text")
+            if isinstance(text, str) and text:
+                self._chunk(out, {"content": text})
+        elif kind == "input_json_delta" and target >= 0:
+            fragment = delta.get("partial_json")
+            if isinstance(fragment, str) and fragment:
+                self._arguments(out, target, fragment)
+
+    def _message_delta(self, event: dict[str, Any], out: list[bytes]) -> None:
+        counts = event.get("usage")
+        if isinstance(counts, dict):
+            self._counts.update({k: v for k, v in counts.items() if v is not None})
+        delta = event.get("delta")
+        reason = delta.get("stop_reason") if isinstance(delta, dict) else None
+        if reason is not None and not self._finished:
+            self._finished = True
+            self._chunk(out, {}, finish_reason(reason))
+
+    def _stop(self, out: list[bytes]) -> None:
+        if not self._finished:
+            self._finished = True
+            self._chunk(out, {}, "stop")
+        if self.include_usage:
+            payload = {**self._head, "choices": [], "usage": usage(self._counts)}
+            out.append(b"data: " + json.dumps(payload).encode() + b"\n\n")
+        out.append(_DONE)
+        self.done = True
+
+    def _arguments(self, out: list[bytes], tool: int, fragment: str) -> None:
+        self._chunk(out, {"tool_calls": [{"index": tool, "function": {"arguments": fragment}}]})
+
+    def _chunk(self, out: list[bytes], delta: dict[str, Any], finish: str | None = None) -> None:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        out.append(b"data: " + json.dumps({**self._head, "choices": [choice]}).encode() + b"\n\n")
+
+
+def _data(event: bytes) -> bytes | None:
+    """The data of one SSE event (its ``data:`` lines joined); None for comments or no data."""
+    lines = [line for line in event.split(b"\n") if line.startswith(b"data:")]
+    if not lines:
+        return None
+    parts = [line[6:] if line.startswith(b"data: ") else line[5:] for line in lines]
+    return b"\n".join(parts)

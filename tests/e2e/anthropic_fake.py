@@ -1,0 +1,289 @@
+"""A deterministic fake of Anthropic's Messages API that checks what the gateway sends it.
+
+Every request is validated the way the real API would refuse it (the key and version headers, a
+``max_tokens``, roles that alternate and start with the user, ``system`` only at the top level,
+``tool_result`` blocks that answer the ``tool_use`` blocks of the turn before, known fields
+only); a request that breaks a rule is answered 400 ``invalid_request_error`` and recorded in
+``problems``, so a test fails loudly. Answers, streamed or not, come in Anthropic's format; a
+script of per-request actions (``"tool_use"``, ``"status:529"``, ``"midstream_error"``...) picks
+the unusual ones. Streamed events are written in two pieces cut inside the event, so the
+gateway meets events that straddle reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from bench.fake_upstream import site_port
+
+API_KEY = "sk-ant-test-key"
+_TOP_LEVEL = {
+    "model",
+    "max_tokens",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "stop_sequences",
+    "temperature",
+    "top_p",
+    "top_k",
+    "metadata",
+    "stream",
+}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+
+@dataclass
+class Seen:
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass
+class FakeAnthropic:
+    reply: str = "Hello from the fake Claude."
+    pieces: int = 4  # text deltas a streamed reply is cut into
+    script: deque[str] = field(default_factory=deque)
+    requests: list[Seen] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def queue(self, *actions: str) -> None:
+        self.script.extend(actions)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/messages", self._messages)
+        return app
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            return self._problem("body is not JSON")
+        self.requests.append(Seen(dict(request.headers), body))
+        if request.headers.get("x-api-key") != API_KEY:
+            return _error(401, "invalid x-api-key")
+        problem = _check_headers(request) or _check_body(body)
+        if problem is not None:
+            return self._problem(problem)
+        action = self.script.popleft() if self.script else "ok"
+        if action.startswith("status:"):
+            status = int(action.split(":")[1])
+            return _error(status, f"fake {status}")
+        message = self._answer(body, action)
+        if body.get("stream"):
+            return await self._stream(request, message, action)
+        return web.json_response(message)
+
+    def _problem(self, problem: str) -> web.Response:
+        self.problems.append(problem)
+        return _error(400, problem)
+
+    def _answer(self, body: dict[str, Any], action: str) -> dict[str, Any]:
+        content: list[dict[str, Any]]
+        stop = "end_turn"
+        results = _tool_results(body["messages"][-1])
+        if action == "tool_use" and body.get("tools"):
+            content = [
+                {"type": "text", "text": "Let me check."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_01",
+                    "name": body["tools"][0]["name"],
+                    "input": {"city": "Paris", "unit": "celsius"},
+                },
+            ]
+            stop = "tool_use"
+        elif results:
+            content = [{"type": "text", "text": "The tool said: " + "; ".join(results)}]
+        else:
+            content = [{"type": "text", "text": self.reply}]
+        if action == "max_tokens":
+            stop = "max_tokens"
+        return {
+            "id": f"msg_fake{len(self.requests):03d}",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 11, "output_tokens": 7, "cache_read_input_tokens": 2},
+        }
+
+    async def _stream(
+        self, request: web.Request, message: dict[str, Any], action: str
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        start = {**message, "content": [], "stop_reason": None}
+        start["usage"] = {**message["usage"], "output_tokens": 1}
+        events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
+        for index, block in enumerate(message["content"]):
+            events.extend(_block_events(index, block, self.pieces))
+            if index == 0:
+                events.append({"type": "ping"})
+        if action == "midstream_error":
+            events = events[:4]
+            error = {"type": "overloaded_error", "message": "Overloaded"}
+            events.append({"type": "error", "error": error})
+        else:
+            events.append(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                    "usage": {"output_tokens": message["usage"]["output_tokens"]},
+                }
+            )
+            events.append({"type": "message_stop"})
+        for event in events:
+            data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+            cut = len(data) // 3
+            await resp.write(data[:cut])
+            await asyncio.sleep(0)
+            await resp.write(data[cut:])
+        await resp.write_eof()
+        return resp
+
+
+def _block_events(index: int, block: dict[str, Any], pieces: int) -> list[dict[str, Any]]:
+    if block["type"] == "text":
+        text = block["text"]
+        step = max(1, -(-len(text) // pieces))
+        deltas = [
+            {"type": "text_delta", "text": text[i : i + step]} for i in range(0, len(text), step)
+        ]
+        opening: dict[str, Any] = {"type": "text", "text": ""}
+    else:
+        args = json.dumps(block["input"])
+        half = len(args) // 2
+        deltas = [
+            {"type": "input_json_delta", "partial_json": ""},
+            {"type": "input_json_delta", "partial_json": args[:half]},
+            {"type": "input_json_delta", "partial_json": args[half:]},
+        ]
+        opening = {**block, "input": {}}
+    return [
+        {"type": "content_block_start", "index": index, "content_block": opening},
+        *({"type": "content_block_delta", "index": index, "delta": d} for d in deltas),
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+def _tool_results(message: dict[str, Any]) -> list[str]:
+    if not isinstance(message.get("content"), list):
+        return []
+    out = []
+    for block in message["content"]:
+        if block.get("type") == "tool_result":
+            texts = [c["text"] for c in block.get("content", []) if c.get("type") == "text"]
+            out.append("".join(texts))
+    return out
+
+
+def _error(status: int, message: str) -> web.Response:
+    kind = _ERROR_TYPES.get(status, "api_error")
+    body = {"type": "error", "error": {"type": kind, "message": message}}
+    return web.json_response(body, status=status, headers={"request-id": "req_fake"})
+
+
+def _check_headers(request: web.Request) -> str | None:
+    if request.headers.get("anthropic-version") != "2023-06-01":
+        return "anthropic-version header is missing or wrong"
+    if "Authorization" in request.headers:
+        return "a bearer token was sent to Anthropic"
+    if not request.headers.get("Content-Type", "").startswith("application/json"):
+        return "content-type is not JSON"
+    return None
+
+
+def _check_body(body: Any) -> str | None:
+    if not isinstance(body, dict):
+        return "body is not an object"
+    unknown = set(body) - _TOP_LEVEL
+    if unknown:
+        return f"unknown fields: {sorted(unknown)}"
+    if not isinstance(body.get("model"), str):
+        return "model: required"
+    if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
+        return "max_tokens: required"
+    system = body.get("system")
+    if system is not None and not (
+        isinstance(system, str)
+        or all(isinstance(b, dict) and b.get("type") == "text" and b.get("text") for b in system)
+    ):
+        return "system: a string or text blocks"
+    temperature = body.get("temperature")
+    if temperature is not None and not 0 <= temperature <= 1:
+        return "temperature: 0 to 1"
+    for tool in body.get("tools", []):
+        if set(tool) - {"name", "description", "input_schema"} or "input_schema" not in tool:
+            return f"tools: bad tool {tool}"
+    return _check_messages(body.get("messages"))
+
+
+def _check_messages(messages: Any) -> str | None:
+    if not isinstance(messages, list) or not messages:
+        return "messages: a non-empty array"
+    previous_tool_uses: set[str] = set()
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in ("user", "assistant"):
+            return f"messages.{i}.role: user or assistant, not {role!r}"
+        expected = "user" if i % 2 == 0 else "assistant"
+        if role != expected:
+            return f"messages.{i}: roles must alternate, starting with user"
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list) or not blocks:
+            return f"messages.{i}.content: non-empty"
+        tool_uses: set[str] = set()
+        answered: set[str] = set()
+        for j, block in enumerate(blocks):
+            kind = block.get("type")
+            if kind == "text" and not block.get("text"):
+                return f"messages.{i}: text content blocks must be non-empty"
+            if kind == "tool_use":
+                if role != "assistant" or not isinstance(block.get("input"), dict):
+                    return f"messages.{i}: a tool_use block belongs to the assistant"
+                tool_uses.add(block["id"])
+            elif kind == "tool_result":
+                if role != "user" or block.get("tool_use_id") not in previous_tool_uses:
+                    return f"messages.{i}: tool_result without a matching tool_use"
+                if j != len(answered):
+                    return f"messages.{i}: tool_result blocks must come first"
+                answered.add(block["tool_use_id"])
+            elif kind == "image":
+                if block.get("source", {}).get("type") not in ("base64", "url"):
+                    return f"messages.{i}: bad image source"
+            elif kind != "text":
+                return f"messages.{i}: unknown block type {kind!r}"
+        if previous_tool_uses and answered != previous_tool_uses:
+            return f"messages.{i}: every tool_use needs its tool_result in the next turn"
+        previous_tool_uses = tool_uses
+    return None
+
+
+async def start_fake_anthropic(fake: FakeAnthropic) -> tuple[web.AppRunner, str]:
+    """Start ``fake`` on loopback; returns the runner and its base URL (ending in /v1)."""
+    runner = web.AppRunner(fake.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site_port(site)}/v1"
