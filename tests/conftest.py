@@ -95,3 +95,16 @@ def closed_port_url() -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"http://127.0.0.1:{port}/v1"
+
+
+def pool_policy(urls: list[str], extra: str = "") -> str:
+    """A policy with one vLLM backend ``up`` over ``urls`` (least loaded, no scraping, health
+    checked once a minute) serving model ``m`` as ``fake-model``; ``extra``: more sections."""
+    replicas = ", ".join(f'"{u}"' for u in urls)
+    return f"""
+backends:
+  up: {{kind: vllm, replicas: [{replicas}], health: {{interval_s: 60}}, routing: {{strategy: least_loaded, scrape_interval_s: 0}}}}
+models:
+  m: {{backend: up, model: fake-model}}
+{extra}
+"""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tests.conftest import FakeFactory, GatewayFactory
+from tests.conftest import FakeFactory, GatewayFactory, pool_policy
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 SURFACE = """
@@ -17,15 +17,7 @@ SURFACE = """
 
 
 def policy(urls: list[str]) -> str:
-    replicas = ", ".join(f'"{u}"' for u in urls)
-    return f"""
-backends:
-  up: {{kind: vllm, replicas: [{replicas}], health: {{interval_s: 60}}, routing: {{strategy: least_loaded, scrape_interval_s: 0}}}}
-models:
-  m: {{backend: up, model: fake-model}}
-surfaces:
-{SURFACE}
-"""
+    return pool_policy(urls, "surfaces:\n" + SURFACE)
 
 
 async def test_the_replica_that_lost_a_race_is_recorded_as_slow(

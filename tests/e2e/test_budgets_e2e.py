@@ -14,22 +14,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from policies.budget_config import TelemetryConfig
 from policies.telemetry import Telemetry
-from tests.conftest import FakeFactory, GatewayFactory, closed_port_url
+from tests.conftest import FakeFactory, GatewayFactory, closed_port_url, pool_policy
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
 
 def policy(urls: list[str], surfaces: str, extra: str = "") -> str:
-    replicas = ", ".join(f'"{u}"' for u in urls)
-    return f"""
-backends:
-  up: {{kind: vllm, replicas: [{replicas}], health: {{interval_s: 60}}, routing: {{strategy: least_loaded, scrape_interval_s: 0}}}}
-models:
-  m: {{backend: up, model: fake-model}}
-surfaces:
-{surfaces}
-{extra}
-"""
+    return pool_policy(urls, f"surfaces:\n{surfaces}\n{extra}")
 
 
 async def test_priority_admission_serves_interactive_first(

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import FakeFactory, GatewayFactory, RunningGateway
+from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, pool_policy
 
 BODY: Any = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 HEDGED = """
@@ -30,17 +30,6 @@ surfaces:
   chat:
     match: {header: chat}
     budget: {ttft_ms: 5000, total_ms: 60000}
-"""
-
-
-def policy(urls: list[str], extra: str = "") -> str:
-    replicas = ", ".join(f'"{u}"' for u in urls)
-    return f"""
-backends:
-  up: {{kind: vllm, replicas: [{replicas}], health: {{interval_s: 60}}, routing: {{strategy: least_loaded, scrape_interval_s: 0}}}}
-models:
-  m: {{backend: up, model: fake-model}}
-{extra}
 """
 
 
@@ -73,7 +62,7 @@ async def test_client_closing_at_done_is_counted_as_200(
     for up in fakes:
         up.fake.queue("hold_end:0.3")
     gw = await make_gateway(
-        policy([f.url for f in fakes], HEDGED if hedged else ""),
+        pool_policy([f.url for f in fakes], HEDGED if hedged else ""),
         handler_cancellation=handler_cancellation,
     )
     async with aiohttp.ClientSession() as s:
@@ -93,7 +82,9 @@ async def test_client_leaving_before_done_is_counted_as_499(
     make_fake: FakeFactory, make_gateway: GatewayFactory, handler_cancellation: bool
 ) -> None:
     up = await make_fake(chunks=100, chunk_interval_ms=20)
-    gw = await make_gateway(policy([up.url], BUDGETED), handler_cancellation=handler_cancellation)
+    gw = await make_gateway(
+        pool_policy([up.url], BUDGETED), handler_cancellation=handler_cancellation
+    )
     async with aiohttp.ClientSession() as s:
         resp = await s.post(
             gw.base_url + "/chat/completions", json=BODY, headers={"X-Surface": "chat"}
