@@ -122,6 +122,7 @@ class Orchestrator:
                         request, rt, open_req, tier, _tier_headers(plan, tier)
                     )
                     attempt, response, result = outcome.attempt, outcome.response, outcome.result
+                    _label(request, parsed, attempt)
                     attempt.guard.release()
                     attempt.span.end("ok" if result.status < 400 else "error")
                     if outcome.verdict is not None:
@@ -147,7 +148,6 @@ class Orchestrator:
                         capture,
                         _tier_headers(plan, tier) if tier is not None else None,
                     )
-                _label(request, parsed, attempt)
             finally:
                 if ticket is not None:
                     ticket.release()
