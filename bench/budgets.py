@@ -59,7 +59,8 @@ from bench._budget_load import (
 )
 from bench.sim.cluster import SimCluster
 from bench.sim.params import SimParams, load_profile
-from policies.schema import Policy, Surface
+from policies.schema import Policy
+from policies.surfaces import Surface
 
 TTFT_BUDGET_MS = 500.0
 SCENARIOS = {

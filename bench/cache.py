@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 
 from bench._procs import free_port
-from cache.config import CachePolicy, SemanticCacheConfig
 from cache.embedder import SentenceTransformerEmbedder
 from cache.index import IndexEntry
 from cache.keys import CacheScope
@@ -42,6 +41,7 @@ from cache.pairs import embed_cached, read_pairs
 from cache.redis_store import RedisStore
 from cache.semantic import ResponseCache, entry_id_for
 from cache.verifier import Verifier
+from policies.cache import CachePolicy, SemanticCacheConfig
 
 DEFAULT_PAIRS = Path(__file__).resolve().parents[1] / ".." / "shared/data/paraphrase/pairs_dev.tsv"
 GATED = CachePolicy(semantic=SemanticCacheConfig(gate="verifier", max_entries=1_000_000))

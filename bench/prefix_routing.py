@@ -63,7 +63,7 @@ from bench._ttft_bound import ttft_floors
 from bench.sim.params import SimParams, load_profile
 from bench.sim.tokenizer import SPECIAL_TOKENS, detokenize
 from bench.sim.tokenizer import tokenize as sim_tokenize
-from routing.config import PrecisePrefixRouting, PrefixRouting, SessionRouting
+from policies.routing import PrecisePrefixRouting, PrefixRouting, SessionRouting
 from routing.factory import balance_settings
 from routing.kv_index import CallableTokenizer, KVBlockIndex
 from routing.least_loaded import LeastLoadedRouter, RoundRobinRouter

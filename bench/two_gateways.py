@@ -58,7 +58,7 @@ from bench.prefix_routing import (
     summarize,
 )
 from bench.sim.params import SimParams, load_profile
-from routing.config import PrefixRouting
+from policies.routing import PrefixRouting
 from routing.factory import balance_settings
 from routing.kv_index import KVBlockIndex
 from routing.prefix import ApproximatePrefixRouter

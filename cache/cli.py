@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from cache.config import CachePolicy, SemanticCacheConfig
 from cache.verifier import DEFAULT_ARTIFACT
+from policies.cache import CachePolicy, SemanticCacheConfig
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -22,12 +22,12 @@ from typing import Any
 
 import yaml
 
-from cache.config import CachePolicy, SemanticCacheConfig
 from cache.index import Vector
 from cache.pairs import Pair
 from cache.semantic import ResponseCache
 from cache.store import InMemoryStore
 from cache.verifier import Verifier
+from policies.cache import CachePolicy, SemanticCacheConfig
 
 
 @dataclass(slots=True)

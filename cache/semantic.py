@@ -26,11 +26,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from cache.config import COSINE_ONLY_DEFAULT_THRESHOLD, CachePolicy, SemanticCacheConfig
 from cache.index import Candidate, IndexEntry, Vector, VectorIndex
 from cache.keys import CacheRequest, CacheScope, Endpoint, build_request
 from cache.store import CacheStore, StoreUnavailable
 from cache.verifier import Verifier
+from policies.cache import COSINE_ONLY_DEFAULT_THRESHOLD, CachePolicy, SemanticCacheConfig
 
 log = logging.getLogger(__name__)
 

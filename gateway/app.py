@@ -25,8 +25,9 @@ from gateway.protocol import Endpoint
 from gateway.runtime import Runtime, build_pools
 from gateway.upstream import UpstreamClient
 from policies.loader import PolicyError, load_policy
-from policies.schema import Budget, Policy
+from policies.schema import Policy
 from policies.slo import SloCollector, SloTracker
+from policies.surfaces import Budget
 from policies.telemetry import Telemetry
 from routing.pool import all_replicas
 

@@ -24,13 +24,13 @@ from multidict import CIMultiDict
 from gateway.errors import Unavailable, UpstreamError, UpstreamTimeout
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import ParsedRequest
-from gateway.runtime import Runtime, SurfacePlan, Target
+from gateway.runtime import Destination, Runtime, SurfacePlan
 from gateway.upstream import AttemptFailed, UpstreamClient, UpstreamRequest, UpstreamResponse
 from policies.admission import VLLM_PRIORITY
+from policies.backends import TimeoutConfig
 from policies.hedging import race_first_chunk
 from policies.latency import choose_for_budget
 from policies.output_cap import cap_max_tokens, requested_max_tokens, with_max_tokens
-from policies.schema import TimeoutConfig
 from policies.telemetry import AttemptSpan, RequestSpan
 from routing.pool import BackendPool
 from routing.prompt_text import render_for_routing
@@ -42,7 +42,7 @@ from routing.router import RoutingDecision, RoutingRequest
 class Attempt:
     """An upstream response whose headers arrived (and, for hedged streams, its first chunk)."""
 
-    target: Target
+    target: Destination
     decision: RoutingDecision
     routing: RoutingRequest
     response: UpstreamResponse  # aiohttp's, or a provider's translating adapter
@@ -86,7 +86,7 @@ class AttemptOpener:
         self.client = client
         self.metrics = metrics
 
-    async def open(self, rt: Runtime, req: OpenRequest, targets: list[Target]) -> Attempt:
+    async def open(self, rt: Runtime, req: OpenRequest, targets: list[Destination]) -> Attempt:
         failures: list[AttemptFailed] = []
         for target in targets:
             pool = target.pool
@@ -143,7 +143,7 @@ class AttemptOpener:
         self,
         rt: Runtime,
         req: OpenRequest,
-        target: Target,
+        target: Destination,
         decision: RoutingDecision,
         routing: RoutingRequest,
         candidates: list[Replica],
@@ -210,7 +210,7 @@ class AttemptOpener:
         self,
         rt: Runtime,
         req: OpenRequest,
-        target: Target,
+        target: Destination,
         decision: RoutingDecision,
         routing: RoutingRequest,
         timeouts: TimeoutConfig,
@@ -272,7 +272,7 @@ class AttemptOpener:
         replica.record_success()
         return attempt
 
-    def _body(self, rt: Runtime, req: OpenRequest, target: Target, replica: Replica) -> bytes:
+    def _body(self, rt: Runtime, req: OpenRequest, target: Destination, replica: Replica) -> bytes:
         parsed, plan = req.parsed, req.plan
         total_ms = plan.budget.total_ms
         cap = None

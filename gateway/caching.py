@@ -25,10 +25,9 @@ from gateway.protocol import Endpoint, ParsedRequest
 from policies.genai_response import DONE, sse_payloads
 
 if TYPE_CHECKING:
-    from cache.config import CachePolicy
     from cache.embedder import Embedder
     from cache.semantic import CacheHit, CachePlan, ResponseCache
-    from policies.schema import CacheStoreConfig
+    from policies.cache import CachePolicy, CacheStoreConfig
 
 log = logging.getLogger("llm_gateway.cache")
 

@@ -12,23 +12,24 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from cache.config import CachePolicy
 from gateway.errors import NotFound, Unauthorized
 from gateway.providers import Provider, build_provider
 from policies.admission import AdmissionQueue
-from policies.budget_config import Priority, SurfaceActions
+from policies.backends import Backend, VllmBackend
+from policies.cache import CachePolicy
 from policies.hedging import HedgePolicy
 from policies.latency import ReplicaLatency
-from policies.schema import Backend, Budget, Policy, Surface, VllmBackend
+from policies.models import ModelTarget, TieredModelConfig
+from policies.schema import Policy
+from policies.surfaces import Budget, Priority, Surface, SurfaceActions
 from routing.factory import build_router
 from routing.least_loaded import LeastLoadedRouter, RoundRobinRouter
 from routing.pool import BackendPool, PoolSettings
 from routing.replica import Replica
-from routing.tier_config import TieredModelConfig, TierTarget
 
 
 @dataclass(frozen=True, slots=True)
-class Target:
+class Destination:
     pool: BackendPool
     upstream_model: str
     provider: Provider | None = None  # None: the backend speaks OpenAI's API itself
@@ -120,7 +121,7 @@ class Runtime:
         return self._surface_by_tenant.get(tenant, self._default_surface)
 
     # --- which model ---------------------------------------------------------------------
-    def targets(self, alias: str) -> list[Target]:
+    def targets(self, alias: str) -> list[Destination]:
         """The primary target and its fallbacks, in the order they are tried."""
         route = self.policy.models.get(alias)
         if isinstance(route, TieredModelConfig):
@@ -141,12 +142,12 @@ class Runtime:
         entry = self.policy.models.get(alias)
         return entry if isinstance(entry, TieredModelConfig) else None
 
-    def tier_targets(self, alias: str, tier: TierTarget) -> list[Target]:
+    def tier_targets(self, alias: str, tier: ModelTarget) -> list[Destination]:
         pool = self.pools[tier.backend]
         return [self._target(pool, tier.model or _default_upstream(alias, pool))]
 
-    def _target(self, pool: BackendPool, upstream_model: str) -> Target:
-        return Target(pool, upstream_model, self.providers.get(pool.name))
+    def _target(self, pool: BackendPool, upstream_model: str) -> Destination:
+        return Destination(pool, upstream_model, self.providers.get(pool.name))
 
     def model_names(self) -> list[str]:
         names = list(self.policy.models)

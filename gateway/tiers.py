@@ -29,12 +29,12 @@ from gateway.errors import GatewayError, Unavailable
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import Endpoint, ParsedRequest
 from gateway.relay import RelayResult, StreamPlan, relay_body, relay_stream
-from gateway.runtime import Runtime, Target
+from gateway.runtime import Destination, Runtime
 from policies.genai_response import DONE, sse_payloads
+from policies.models import TieredModelConfig
 from routing.calibration import wants_large
 from routing.cascade import CascadeVerdict, CascadeVerifier, SmallAnswer, load_verifier
 from routing.difficulty import DifficultyEstimator, load_estimator
-from routing.tier_config import TieredModelConfig
 
 
 @cache
@@ -53,7 +53,7 @@ class TierChoice:
     tier: int  # 0: small, 1: large
     score: float
     threshold: float
-    targets: list[Target]
+    targets: list[Destination]
 
     @property
     def name(self) -> str:

@@ -16,7 +16,7 @@ from typing import Protocol
 import aiohttp
 from multidict import CIMultiDict
 
-from policies.schema import TimeoutConfig
+from policies.backends import TimeoutConfig
 from routing.replica import Replica
 
 # Headers from the client that travel upstream (the client's API key never does).

@@ -31,7 +31,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from policies.budget_config import PRIORITIES, AdmissionConfig, Priority
+from policies.server import AdmissionConfig
+from policies.surfaces import PRIORITIES, Priority
 from routing.replica import Replica
 
 CLASS_RANK: dict[Priority, int] = {p: i for i, p in enumerate(PRIORITIES)}

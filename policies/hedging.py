@@ -46,8 +46,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
-from policies.budget_config import HedgeConfig
 from policies.latency import SLOW_RATIO, ReplicaLatency, queue_of
+from policies.surfaces import HedgeConfig
 from routing.replica import Replica
 
 T = TypeVar("T")

@@ -10,10 +10,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from policies.budget_config import action_errors
-from policies.schema import AnthropicBackend, OpenAIBackend, Policy
+from policies.backends import AnthropicBackend, OpenAIBackend
+from policies.models import TieredModelConfig
+from policies.schema import Policy
+from policies.surfaces import action_errors
 from policies.yamlsource import KeyPath, SourceDoc, parse_yaml
-from routing.tier_config import TieredModelConfig
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from policies.schema import Budget
+from policies.surfaces import Budget
 from policies.window import RollingCounts, RollingHistogram
 
 QUANTILES = (0.5, 0.95, 0.99)

@@ -56,7 +56,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from policies.budget_config import TelemetryConfig
+from policies.server import TelemetryConfig
 
 # GenAI semantic conventions (attribute names as the OpenTelemetry registry spells them).
 OPERATION = "gen_ai.operation.name"

@@ -33,15 +33,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
 
+from policies.models import CALIBRATION_KINDS, CalibrationTarget
+
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
-TargetKind = Literal["max_large_fraction", "min_quality_recovered"]
-TARGET_KINDS: tuple[TargetKind, ...] = ("max_large_fraction", "min_quality_recovered")
 
 _EPS = 1e-9
 
@@ -62,28 +62,21 @@ def above(value: float) -> float:
     return float(np.nextafter(value, math.inf))
 
 
-@dataclass(frozen=True)
-class Target:
-    kind: TargetKind
-    value: float
-
-    def __str__(self) -> str:
-        return f"{self.kind}={self.value:g}"
-
-
-def parse_target(text: str) -> Target:
+def parse_target(text: str) -> CalibrationTarget:
     """``max_large_fraction=0.3`` or ``min_quality_recovered=0.8``."""
     name, sep, raw = text.partition("=")
     name = name.strip()
-    if not sep or name not in TARGET_KINDS:
-        raise ValueError(f"target must be one of {', '.join(TARGET_KINDS)} as NAME=VALUE: {text!r}")
+    if not sep or name not in CALIBRATION_KINDS:
+        raise ValueError(
+            f"target must be one of {', '.join(CALIBRATION_KINDS)} as NAME=VALUE: {text!r}"
+        )
     try:
         value = float(raw)
     except ValueError as exc:
         raise ValueError(f"target value is not a number: {raw!r}") from exc
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must lie in [0, 1], got {value}")
-    return Target(name, value)
+    return CalibrationTarget(name, value)
 
 
 @dataclass(frozen=True)
@@ -173,7 +166,7 @@ def threshold_for_quality_recovered(
 
 
 def calibrate(
-    target: Target, scores: Any, small_correct: Any = None, large_correct: Any = None
+    target: CalibrationTarget, scores: Any, small_correct: Any = None, large_correct: Any = None
 ) -> float:
     if target.kind == "max_large_fraction":
         return threshold_for_large_fraction(scores, target.value)
@@ -208,7 +201,7 @@ class CalibrationTable:
             recovered.append(float(pgr[i]))
         return cls(tuple(fractions), tuple(thresholds), tuple(recovered))
 
-    def threshold_for(self, target: Target) -> float:
+    def threshold_for(self, target: CalibrationTarget) -> float:
         if target.kind == "max_large_fraction":
             best = 0
             for i, x in enumerate(self.large_fraction):

@@ -54,7 +54,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from routing.calibration import CalibrationTable, Target, wants_large
+from policies.models import CalibrationTarget
+from routing.calibration import CalibrationTable, wants_large
 from routing.difficulty import LogisticHead, compact
 
 FloatArray = npt.NDArray[np.float64]
@@ -296,7 +297,7 @@ class CascadeVerifier:
     ) -> CascadeVerdict:
         return self.verdict_batch([answer], [difficulty], threshold)[0]
 
-    def threshold_for(self, target: Target) -> float:
+    def threshold_for(self, target: CalibrationTarget) -> float:
         if self.calibration is None:
             raise ValueError("this artifact carries no cascade calibration: give a threshold")
         return self.calibration.threshold_for(target)

@@ -52,7 +52,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from routing.calibration import CalibrationTable, Target, wants_large
+from policies.models import CalibrationTarget
+from routing.calibration import CalibrationTable, wants_large
 
 FloatArray = npt.NDArray[np.float64]
 Tier = Literal["small", "large"]
@@ -308,7 +309,7 @@ class DifficultyEstimator:
             p_large=float(p_large[0]),
         )
 
-    def threshold_for(self, target: Target) -> float:
+    def threshold_for(self, target: CalibrationTarget) -> float:
         if self.calibration is None:
             raise ValueError("this artifact carries no calibration table: give a threshold")
         return self.calibration.threshold_for(target)

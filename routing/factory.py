@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from routing.config import (
+from policies.routing import (
     BalancedRouting,
     LeastLoadedRouting,
     PrecisePrefixRouting,

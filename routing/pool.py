@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from policies.admission import AdmissionQueue
-from routing.config import RoutingConfig
+from policies.routing import RoutingConfig
 from routing.factory import BackgroundRouter, MetricsObserver
 from routing.metrics_scrape import MetricsListener, MetricsScraper
 from routing.replica import Replica

@@ -32,7 +32,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from routing.calibration import Target, apgr, calibrate, cpt, router_curve, wants_large
+from policies.models import CalibrationTarget
+from routing.calibration import apgr, calibrate, cpt, router_curve, wants_large
 from routing.cascade import CascadeVerifier, SmallAnswer
 from routing.difficulty import DifficultyEstimator, DifficultyRouter
 from routing.router_data import DataFile, Embed, PromptFilter, labels
@@ -287,7 +288,7 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def calibration_result(scored: ScoredRows, target: Target, path: str) -> dict[str, Any]:
+def calibration_result(scored: ScoredRows, target: CalibrationTarget, path: str) -> dict[str, Any]:
     threshold = calibrate(target, scored.scores, scored.small, scored.large)
     to_large = wants_large(scored.scores, threshold)
     chosen = np.where(to_large, scored.large, scored.small)

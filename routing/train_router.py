@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from routing.calibration import CalibrationTable, Target, apgr, calibrate, cpt, router_curve
+from policies.models import CalibrationTarget
+from routing.calibration import CalibrationTable, apgr, calibrate, cpt, router_curve
 from routing.cascade import (
     CASCADE_FEATURES,
     LOGPROB_FEATURES,
@@ -65,7 +66,7 @@ ROUTE_GRID: tuple[tuple[float, float, HeadTarget], ...] = tuple(
     (c, w, t) for t in HEAD_TARGETS for c in (0.1, 0.3, 1.0) for w in (0.1, 0.3)
 )  # (l2 c, text-feature weight, heads' target); ties go to the earlier setting
 CASCADE_GRID: tuple[float, ...] = (0.1, 1.0, 10.0)
-DEFAULT_TARGET = Target("min_quality_recovered", 0.8)
+DEFAULT_TARGET = CalibrationTarget("min_quality_recovered", 0.8)
 GATE_C = 10.0
 
 

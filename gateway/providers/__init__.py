@@ -6,7 +6,7 @@ import os
 
 from gateway.providers.anthropic import AnthropicProvider
 from gateway.providers.base import Provider
-from policies.schema import AnthropicBackend, Backend
+from policies.backends import AnthropicBackend, Backend
 
 __all__ = ["Provider", "build_provider"]
 

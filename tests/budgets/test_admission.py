@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from policies.admission import AdmissionQueue, AdmissionRejected, Ticket
-from policies.budget_config import AdmissionConfig, Priority
+from policies.server import AdmissionConfig
+from policies.surfaces import Priority
 from routing.replica import Replica
 
 

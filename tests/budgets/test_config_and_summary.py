@@ -7,15 +7,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from policies.budget_config import (
-    AdmissionConfig,
-    HedgeConfig,
-    SurfaceActions,
-    TelemetryConfig,
-    action_errors,
-)
 from policies.genai_response import StreamSummarizer, summarize_body
-from policies.schema import Budget
+from policies.server import AdmissionConfig, TelemetryConfig
+from policies.surfaces import Budget, HedgeConfig, SurfaceActions, action_errors
 
 
 def test_defaults_are_documented_values() -> None:

@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 
-from policies.budget_config import HedgeConfig
 from policies.hedging import (
     HedgeBudget,
     HedgePolicy,
@@ -15,6 +14,7 @@ from policies.hedging import (
     worth_hedging,
 )
 from policies.latency import ReplicaLatency
+from policies.surfaces import HedgeConfig
 from routing.replica import Replica
 
 

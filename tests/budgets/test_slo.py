@@ -7,8 +7,8 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from policies.schema import Budget
 from policies.slo import RequestTiming, SloCollector, SloTracker, judge
+from policies.surfaces import Budget
 from policies.window import RollingCounts, RollingHistogram
 
 

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from bench.fake_upstream import site_port
-from policies.budget_config import TelemetryConfig
+from policies.server import TelemetryConfig
 from policies.telemetry import NOOP_REQUEST, Telemetry, export_settings
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

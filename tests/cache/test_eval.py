@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from cache.cli import add_commands
-from cache.config import CachePolicy, SemanticCacheConfig
 from cache.eval import evaluate, load_cache_policy
 from cache.pairs import read_pairs
+from policies.cache import CachePolicy, SemanticCacheConfig
 from tests.cache.conftest import HashingEmbedder
 
 TSV = (

@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from cache.config import CachePolicy, SemanticCacheConfig
 from cache.redis_store import RedisStore
 from cache.semantic import ResponseCache
+from policies.cache import CachePolicy, SemanticCacheConfig
 from tests.cache.conftest import HashingEmbedder, RedisServer
 from tests.cache.test_semantic import answer, chat, plan_for
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from cache.config import CachePolicy, SemanticCacheConfig
 from cache.semantic import CachePlan, ResponseCache
 from cache.store import InMemoryStore
 from cache.verifier import Verifier
+from policies.cache import CachePolicy, SemanticCacheConfig
 from tests.cache.conftest import HashingEmbedder
 
 COSINE = CachePolicy(semantic=SemanticCacheConfig(gate="cosine", threshold=0.8))

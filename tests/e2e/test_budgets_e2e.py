@@ -12,7 +12,7 @@ import openai
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from policies.budget_config import TelemetryConfig
+from policies.server import TelemetryConfig
 from policies.telemetry import Telemetry
 from tests.conftest import FakeFactory, GatewayFactory, closed_port_url, pool_policy
 

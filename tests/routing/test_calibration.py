@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from policies.models import CalibrationTarget
 from routing.calibration import (
     CalibrationTable,
-    Target,
     apgr,
     calibrate,
     cpt,
@@ -96,10 +96,10 @@ def test_threshold_for_quality_recovered() -> None:
 
 
 def test_calibrate_dispatches_on_the_target() -> None:
-    assert calibrate(Target("max_large_fraction", 0.5), PERFECT) == 3.0
-    assert calibrate(Target("min_quality_recovered", 0.5), PERFECT, SMALL, LARGE) == 4.0
+    assert calibrate(CalibrationTarget("max_large_fraction", 0.5), PERFECT) == 3.0
+    assert calibrate(CalibrationTarget("min_quality_recovered", 0.5), PERFECT, SMALL, LARGE) == 4.0
     with pytest.raises(ValueError, match="labels"):
-        calibrate(Target("min_quality_recovered", 0.5), PERFECT)
+        calibrate(CalibrationTarget("min_quality_recovered", 0.5), PERFECT)
 
 
 def test_calibration_table_matches_the_exact_thresholds() -> None:
@@ -110,9 +110,9 @@ def test_calibration_table_matches_the_exact_thresholds() -> None:
     table = CalibrationTable.from_scores(scores, small, large)
     assert len(table.threshold) == 101
     for fraction in (0.0, 0.1, 0.3, 0.55, 1.0):
-        target = Target("max_large_fraction", fraction)
+        target = CalibrationTarget("max_large_fraction", fraction)
         assert table.threshold_for(target) == pytest.approx(calibrate(target, scores))
-    target = Target("min_quality_recovered", 0.8)
+    target = CalibrationTarget("min_quality_recovered", 0.8)
     exact = calibrate(target, scores, small, large)
     # the table resolves to a grid point at or below the exact one: PGR still reaches the target
     assert table.threshold_for(target) <= exact + 1e-12
@@ -122,7 +122,7 @@ def test_calibration_table_matches_the_exact_thresholds() -> None:
 
 
 def test_parse_target() -> None:
-    assert parse_target("max_large_fraction=0.3") == Target("max_large_fraction", 0.3)
+    assert parse_target("max_large_fraction=0.3") == CalibrationTarget("max_large_fraction", 0.3)
     assert str(parse_target("min_quality_recovered=0.8")) == "min_quality_recovered=0.8"
     for bad in (
         "max_large_fraction",

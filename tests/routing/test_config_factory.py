@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from routing.config import (
+from policies.routing import (
     LeastLoadedRouting,
     PrecisePrefixRouting,
     PrefixRouting,

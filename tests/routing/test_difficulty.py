@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from policies.models import CalibrationTarget, TieredModelConfig
 from routing import train_router
-from routing.calibration import Target
 from routing.difficulty import (
     DEFAULT_ARTIFACT,
     HEAD_TARGETS,
@@ -27,7 +27,6 @@ from routing.difficulty import (
 )
 from routing.router_data import PromptFilter, load_data
 from routing.router_eval import figures, score_rows
-from routing.tier_config import TieredModelConfig
 from routing.train_router import fit_domain, fit_logistic, train
 
 DIM = 8
@@ -281,8 +280,8 @@ def test_shipped_artifact_is_small_and_documented() -> None:
     rows /= np.linalg.norm(rows, axis=1, keepdims=True)
     scores = estimator.score_batch(rows, ["a", "b", "c", "d"])
     assert np.all((scores >= -1) & (scores <= 1))
-    tight = estimator.threshold_for(Target("max_large_fraction", 0.2))
-    loose = estimator.threshold_for(Target("max_large_fraction", 0.6))
+    tight = estimator.threshold_for(CalibrationTarget("max_large_fraction", 0.2))
+    loose = estimator.threshold_for(CalibrationTarget("max_large_fraction", 0.6))
     assert tight > loose
 
 
@@ -304,7 +303,7 @@ def test_tier_config_validation() -> None:
         }
     )
     assert config.small.backend == "small" and config.large.model == "gpt-4o"
-    assert config.target == Target("max_large_fraction", 0.3)
+    assert config.target == CalibrationTarget("max_large_fraction", 0.3)
     assert config.commit_point.tokens == 32
     assert TieredModelConfig.model_validate({"tiers": ["a", "b"]}).commit_point.whole
     bad = [
@@ -329,7 +328,7 @@ def test_tier_config_resolves_the_threshold() -> None:
     assert fixed.resolve_threshold(estimator) == 0.25
     target = TieredModelConfig.model_validate({"tiers": ["a", "b"], "max_large_fraction": 0.3})
     assert target.resolve_threshold(estimator) == estimator.threshold_for(
-        Target("max_large_fraction", 0.3)
+        CalibrationTarget("max_large_fraction", 0.3)
     )
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from gateway.providers.anthropic import AnthropicProvider
 from gateway.runtime import Runtime, build_pools
+from policies.backends import AnthropicBackend
 from policies.loader import PolicyError, parse_policy
-from policies.schema import AnthropicBackend
 
 GOOD = """\
 version: 1

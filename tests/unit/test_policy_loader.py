@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from policies.backends import OpenAIBackend, VllmBackend
 from policies.loader import PolicyError, load_policy, parse_policy
-from policies.schema import ModelRoute, OpenAIBackend, VllmBackend
+from policies.models import ModelRoute
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "policies/examples"

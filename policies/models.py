@@ -1,4 +1,14 @@
-"""Policy of a tiered model alias: a small and a large tier, routed or cascaded.
+"""Model aliases: a backend with fallbacks, or two tiers routed by difficulty or cascaded.
+
+```yaml
+models:
+  smart:
+    backend: pool
+    model: meta-llama/Llama-3.1-70B-Instruct   # the name sent upstream
+    fallbacks: [{backend: openai, model: gpt-4o}]   # tried in order; a bare name also works
+```
+
+A tiered alias:
 
 ```yaml
 models:
@@ -17,23 +27,47 @@ threshold for your own labelled traffic, to put in ``threshold``.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import Discriminator, Field, PositiveInt, Tag, model_validator
 
-from routing.calibration import Target
+from policies.strict import Strict
+
+CalibrationKind = Literal["max_large_fraction", "min_quality_recovered"]
+CALIBRATION_KINDS: tuple[CalibrationKind, ...] = ("max_large_fraction", "min_quality_recovered")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+@dataclass(frozen=True)
+class CalibrationTarget:
+    """What a tiered alias aims at instead of a fixed threshold (turned into one at load)."""
+
+    kind: CalibrationKind
+    value: float
+
+    def __str__(self) -> str:
+        return f"{self.kind}={self.value:g}"
 
 
-class TierTarget(_Strict):
+class ModelTarget(Strict):
+    """A backend and the model name sent to it (default: the public alias)."""
+
     backend: str = Field(min_length=1)
-    model: str | None = None  # the upstream model name; default: the alias
+    model: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return {"backend": value} if isinstance(value, str) else value
 
 
-class CommitPoint(_Strict):
+class ModelRoute(Strict):
+    backend: str
+    model: str | None = None  # upstream model name; default: the alias (or the only one served)
+    fallbacks: list[ModelTarget] = []
+
+
+class CommitPoint(Strict):
     tokens: PositiveInt | Literal["whole"] = "whole"
 
     @property
@@ -45,11 +79,11 @@ class _Calibrated(Protocol):
     @property
     def threshold(self) -> float: ...
 
-    def threshold_for(self, target: Target) -> float: ...
+    def threshold_for(self, target: CalibrationTarget) -> float: ...
 
 
-class TieredModelConfig(_Strict):
-    tiers: tuple[TierTarget, TierTarget]  # (small, large)
+class TieredModelConfig(Strict):
+    tiers: tuple[ModelTarget, ModelTarget]  # (small, large)
     mode: Literal["route", "cascade"] = "route"
     threshold: float | None = Field(None, ge=-1.0, le=1.0)  # scores are gains in [-1, 1]
     max_large_fraction: float | None = Field(None, ge=0.0, le=1.0)
@@ -57,16 +91,6 @@ class TieredModelConfig(_Strict):
     commit: CommitPoint | None = None  # cascade only; default: the whole answer
     artifact: str | None = None  # a train-router artifact; default: the packaged one
     fallback_to_small: bool = True  # serve the held small answer if the large tier fails
-
-    @model_validator(mode="before")
-    @classmethod
-    def _tier_names(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("tiers"), list | tuple):
-            data = {
-                **data,
-                "tiers": [{"backend": t} if isinstance(t, str) else t for t in data["tiers"]],
-            }
-        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> TieredModelConfig:
@@ -87,11 +111,11 @@ class TieredModelConfig(_Strict):
         return self
 
     @property
-    def small(self) -> TierTarget:
+    def small(self) -> ModelTarget:
         return self.tiers[0]
 
     @property
-    def large(self) -> TierTarget:
+    def large(self) -> ModelTarget:
         return self.tiers[1]
 
     @property
@@ -99,11 +123,11 @@ class TieredModelConfig(_Strict):
         return self.commit or CommitPoint()
 
     @property
-    def target(self) -> Target | None:
+    def target(self) -> CalibrationTarget | None:
         if self.max_large_fraction is not None:
-            return Target("max_large_fraction", self.max_large_fraction)
+            return CalibrationTarget("max_large_fraction", self.max_large_fraction)
         if self.min_quality_recovered is not None:
-            return Target("min_quality_recovered", self.min_quality_recovered)
+            return CalibrationTarget("min_quality_recovered", self.min_quality_recovered)
         return None
 
     def resolve_threshold(self, model: _Calibrated) -> float:
@@ -112,3 +136,16 @@ class TieredModelConfig(_Strict):
             return self.threshold
         target = self.target
         return model.threshold if target is None else model.threshold_for(target)
+
+
+def _model_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "tiered" if "tiers" in value else "route"
+    return "tiered" if isinstance(value, TieredModelConfig) else "route"
+
+
+# A model alias either names a backend (with fallbacks) or is tiered.
+ModelEntry = Annotated[
+    Annotated[ModelRoute, Tag("route")] | Annotated[TieredModelConfig, Tag("tiered")],
+    Discriminator(_model_kind),
+]

@@ -1,4 +1,4 @@
-"""Routing settings of one backend (``backends.<name>.routing`` in the policy file).
+"""Routing settings of one vLLM backend (``backends.<name>.routing`` in the policy file).
 
 One frozen model per strategy, chosen by ``strategy``; unknown keys are errors. Every setting
 has a default, so ``routing: {strategy: prefix}`` is a complete configuration. The algorithms
@@ -16,14 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
+
+from policies.strict import Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class _RoutingBase(_Strict):
+class _RoutingBase(Strict):
     scrape_interval_s: float = Field(default=1.0, ge=0, le=60)
     scrape_timeout_s: float = Field(default=0.5, gt=0, le=30)
 
@@ -62,12 +60,12 @@ class PrefixRouting(BalancedRouting):
     learn_capacity: bool = True  # take num_gpu_blocks x block_size from /metrics when present
 
 
-class KVEventEndpoint(_Strict):
+class KVEventEndpoint(Strict):
     endpoint: str = Field(pattern=r"^(tcp|ipc|inproc)://")
     replay_endpoint: str | None = Field(default=None, pattern=r"^(tcp|ipc|inproc)://")
 
 
-class KVEventsSettings(_Strict):
+class KVEventsSettings(Strict):
     port: int = Field(default=5557, ge=1, le=65535)
     replay_port: int | None = Field(default=5558, ge=1, le=65535)
     topic: str = "kv"

@@ -1,4 +1,4 @@
-"""The ``cache`` section of a surface's policy (embedded by policies/schema.py).
+"""Cache settings: a surface's ``cache`` section and the top-level ``cache_store``.
 
 ```yaml
 cache:
@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, field_validator
+
+from policies.server import redis_url
+from policies.strict import Strict
 
 
-class SemanticCacheConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class SemanticCacheConfig(Strict):
     threshold: float | None = Field(
         default=None,
         ge=0.0,
@@ -46,9 +47,7 @@ class SemanticCacheConfig(BaseModel):
     top_k: int = Field(default=4, ge=1, le=64, description="candidates the gate examines")
 
 
-class CachePolicy(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class CachePolicy(Strict):
     exact: bool = True
     exact_ttl: int = Field(default=3600, gt=0)
     semantic: SemanticCacheConfig | None = None
@@ -67,3 +66,17 @@ class CachePolicy(BaseModel):
 
 
 COSINE_ONLY_DEFAULT_THRESHOLD = 0.92
+
+
+class CacheStoreConfig(Strict):
+    """Where cache entries live: in memory (one gateway instance) or in Redis (shared)."""
+
+    redis_url: str | None = None  # None or "": shared_state.redis_url, else in memory
+    timeout_ms: float = Field(50.0, gt=0)  # a slower store is skipped, the request goes on
+    prefix: str = "lgw:cache"
+    embedder_backend: Literal["auto", "onnx", "torch"] = "auto"
+    # Threads one embedding may use; None: min(2, the cores this process may run on). Two
+    # threads halve a single query's embedding time here (8.5 -> 4.8 ms for a 27-token text).
+    embedder_threads: int | None = Field(None, ge=1, le=64)
+
+    _url = field_validator("redis_url")(classmethod(lambda cls, v: redis_url(v)))

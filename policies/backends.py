@@ -1,0 +1,119 @@
+"""Backends: a pool of vLLM replicas, an OpenAI-compatible API, or Anthropic's Messages API.
+
+```yaml
+backends:
+  pool:
+    kind: vllm
+    replicas: ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
+    health: {active: true, interval_s: 5, timeout_s: 2, eject_after: 3, cooldown_s: 10}
+    timeouts: {connect_s: 3, first_byte_s: 120, idle_s: 120, total_s: 900}
+    max_connections: 1000          # open connections per replica
+    routing: {strategy: least_loaded}   # policies/routing.py
+  openai: {kind: openai, base_url: https://api.openai.com/v1, api_key_env: OPENAI_API_KEY}
+  claude: {kind: anthropic, api_key_env: ANTHROPIC_API_KEY}
+```
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from policies.routing import LeastLoadedRouting, RoutingConfig
+from policies.strict import Strict
+
+_URL = re.compile(r"^https?://[^/\s]+(/\S*)?$")
+
+
+def _check_url(value: str) -> str:
+    if not _URL.match(value):
+        raise ValueError(f"not an http(s) URL: {value!r}")
+    return value.rstrip("/")
+
+
+class HealthConfig(Strict):
+    """Active checks call ``/health`` every ``interval_s``; passive ejection after failures."""
+
+    active: bool = True
+    interval_s: float = Field(5.0, gt=0)
+    timeout_s: float = Field(2.0, gt=0)
+    eject_after: int = Field(3, ge=1)
+    cooldown_s: float = Field(10.0, gt=0)
+
+
+class TimeoutConfig(Strict):
+    connect_s: float = Field(3.0, gt=0)
+    first_byte_s: float = Field(120.0, gt=0)  # until the upstream's response headers
+    idle_s: float = Field(120.0, gt=0)  # longest silence between two reads of the body
+    total_s: float = Field(900.0, gt=0)  # from sending the request to the end of the answer
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TimeoutConfig:
+        if self.first_byte_s > self.total_s:
+            raise ValueError("first_byte_s must not exceed total_s")
+        return self
+
+
+class _BackendBase(Strict):
+    timeouts: TimeoutConfig = TimeoutConfig()
+    max_connections: int = Field(1000, ge=1)  # open connections per replica (host:port)
+
+
+class VllmBackend(_BackendBase):
+    kind: Literal["vllm"]
+    replicas: list[str] = Field(min_length=1)
+    api_key: str | None = None  # vLLM's --api-key, if the replicas require one
+    discover_models: bool = True  # expose every model the replicas list under its own name
+    health: HealthConfig = HealthConfig()
+    routing: RoutingConfig = Field(default_factory=LeastLoadedRouting)
+
+    @field_validator("replicas")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        urls = [_check_url(v) for v in value]
+        if len(set(urls)) != len(urls):
+            raise ValueError("replica URLs must be unique")
+        return urls
+
+
+class OpenAIBackend(_BackendBase):
+    """Any OpenAI-compatible external API (OpenAI itself, Together, a remote vLLM...)."""
+
+    kind: Literal["openai"]
+    base_url: str
+    api_key_env: str | None = None  # name of the environment variable holding the key
+    discover_models: bool = False
+    health: HealthConfig = HealthConfig(active=False)
+
+    _base = field_validator("base_url")(classmethod(lambda cls, v: _check_url(v)))
+
+
+class AnthropicBackend(_BackendBase):
+    """Anthropic's Messages API: chat requests and answers are translated (gateway/upstream/providers)."""
+
+    kind: Literal["anthropic"]
+    base_url: str = "https://api.anthropic.com/v1"
+    api_key_env: str | None = None  # name of the environment variable holding the key
+    default_max_tokens: int = Field(4096, ge=1)  # Anthropic requires max_tokens; sent when absent
+    health: HealthConfig = HealthConfig(active=False)
+
+    _base = field_validator("base_url")(classmethod(lambda cls, v: _check_url(v)))
+
+    @field_validator("health", mode="before")
+    @classmethod
+    def _passive(cls, value: Any) -> Any:
+        """No active checks (there is no health endpoint): ejection after failures only."""
+        if isinstance(value, dict):
+            if value.get("active"):
+                raise ValueError("anthropic backends have no health endpoint: active must be false")
+            return {**value, "active": False}
+        return value
+
+    @property
+    def discover_models(self) -> bool:
+        return False  # the aliases in `models` name what this backend serves
+
+
+Backend = Annotated[VllmBackend | OpenAIBackend | AnthropicBackend, Field(discriminator="kind")]

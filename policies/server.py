@@ -1,0 +1,85 @@
+"""Process-wide sections: ``server``, ``admission``, ``telemetry`` and ``shared_state``.
+
+```yaml
+server:
+  max_body_bytes: 4194304         # 413 above this
+  surface_header: X-Surface       # the request header that selects a surface
+  retry_after_s: 2                # Retry-After on 503
+admission:                        # how each backend's admission queue behaves
+  max_outstanding_per_replica: 64 # saturated when the gateway has this many in flight per replica
+  max_waiting: 0                  # ... or when every replica's scraped vLLM queue exceeds this
+  queue_timeout_s: 30             # nobody waits longer than this (then 503 + Retry-After)
+  max_queue: 10000                # beyond this many waiting, refuse at once
+  aging_s: 10                     # each aging_s of waiting counts as one priority class
+telemetry:
+  enabled: false
+  endpoint: null                  # default: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, then localhost
+  protocol: null                  # http | grpc; default: OTEL_EXPORTER_OTLP_PROTOCOL, then http
+  service_name: null              # default: OTEL_SERVICE_NAME, then "llm-gateway"
+  record_content: false           # prompt and completion text in spans: only if true
+shared_state:
+  redis_url: ${REDIS_URL:-}       # empty: in-process state, one instance
+```
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from policies.strict import Strict
+
+
+def redis_url(value: str | None) -> str | None:
+    """A redis:// URL, or None for an empty value."""
+    if value and not value.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"not a redis:// URL: {value!r}")
+    return value or None
+
+
+class ServerConfig(Strict):
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    surface_header: str = "X-Surface"
+    retry_after_s: int = Field(2, ge=1)
+
+
+class AdmissionConfig(Strict):
+    max_outstanding_per_replica: int = Field(64, ge=1)
+    # vLLM's scraped ``num_requests_waiting`` above this on every replica also saturates the
+    # pool; None ignores the scraped queue.
+    max_waiting: int | None = Field(0, ge=0)
+    queue_timeout_s: float = Field(30.0, gt=0)
+    max_queue: int = Field(10_000, ge=0)
+    aging_s: float = Field(10.0, gt=0)
+
+
+class TelemetryConfig(Strict):
+    enabled: bool = False
+    endpoint: str | None = None
+    protocol: Literal["http", "grpc"] | None = None
+    service_name: str | None = None
+    record_content: bool = False
+    # Share of requests traced when the caller sent no traceparent (a caller's sampled flag is
+    # always followed). Every traced request costs ~0.3 ms of CPU: see the README.
+    sample_ratio: float = Field(0.01, ge=0, le=1)
+    # Unsampled requests that fail (5xx) or breach their budget are traced all the same (a
+    # root span without children), at most failure_traces_per_s a second.
+    trace_failures: bool = True
+    failure_traces_per_s: float = Field(10.0, ge=0)
+    headers: dict[str, str] = {}  # sent with every export (e.g. a collector's auth header)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"endpoint must be an http(s) URL: {value!r}")
+        return value.rstrip("/") if value is not None else None
+
+
+class SharedStateConfig(Strict):
+    """State shared by every gateway instance; the cache uses it unless ``cache_store`` says."""
+
+    redis_url: str | None = None
+
+    _url = field_validator("redis_url")(classmethod(lambda cls, v: redis_url(v)))
