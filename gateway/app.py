@@ -17,18 +17,18 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from gateway.caching import CacheCollector, CacheStage
 from gateway.errors import BadRequest, GatewayError, NotFound, Unavailable, error_body
-from gateway.metrics import GatewayMetrics
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.slo import SloCollector, SloTracker
+from gateway.observability.tracing import Telemetry
 from gateway.orchestrator import LABELS_KEY, STATUS_KEY, Orchestrator
-from gateway.protocol import Endpoint
+from gateway.protocol.openai import Endpoint
 from gateway.runtime import Runtime, build_pools
-from gateway.upstream import UpstreamClient
+from gateway.stages.cache import CacheCollector, CacheStage
+from gateway.upstream.client import UpstreamClient
 from policies.loader import PolicyError, load_policy
 from policies.schema import Policy
-from policies.slo import SloCollector, SloTracker
 from policies.surfaces import Budget
-from policies.telemetry import Telemetry
 from routing.pool import all_replicas
 
 log = logging.getLogger("llm_gateway")

@@ -15,20 +15,20 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.attempts import Attempt, AttemptOpener, OpenRequest
-from gateway.caching import CacheStage, QueryEmbedding, StreamCapture, last_user_text, replay
 from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, Unavailable
-from gateway.metrics import GatewayMetrics
-from gateway.protocol import Endpoint, ParsedRequest, parse_request
-from gateway.relay import RelayResult, StreamPlan, relay_body, relay_stream
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.slo import RequestTiming, SloTracker
+from gateway.observability.summary import ResponseSummary, StreamSummarizer, summarize_body
+from gateway.observability.tracing import RequestSpan, Telemetry
+from gateway.protocol.openai import Endpoint, ParsedRequest, parse_request
 from gateway.runtime import Runtime, SurfacePlan
-from gateway.tiers import TierChoice, TierStage
-from gateway.upstream import FORWARDED_HEADERS, UpstreamClient
-from policies.admission import AdmissionRejected, Ticket
-from policies.genai_response import ResponseSummary, StreamSummarizer, summarize_body
-from policies.latency import queue_of
-from policies.slo import RequestTiming, SloTracker
-from policies.telemetry import RequestSpan, Telemetry
+from gateway.stages.cache import CacheStage, QueryEmbedding, StreamCapture, last_user_text, replay
+from gateway.stages.tiers import TierChoice, TierStage
+from gateway.upstream.attempts import Attempt, AttemptOpener, OpenRequest
+from gateway.upstream.client import FORWARDED_HEADERS, UpstreamClient
+from gateway.upstream.relay import RelayResult, StreamPlan, relay_body, relay_stream
+from routing.admission import AdmissionRejected, Ticket
+from routing.latency import queue_of
 from routing.pool import BackendPool
 
 if TYPE_CHECKING:

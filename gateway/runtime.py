@@ -13,16 +13,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.errors import NotFound, Unauthorized
-from gateway.providers import Provider, build_provider
-from policies.admission import AdmissionQueue
+from gateway.upstream.providers import Provider, build_provider
 from policies.backends import Backend, VllmBackend
 from policies.cache import CachePolicy
-from policies.hedging import HedgePolicy
-from policies.latency import ReplicaLatency
 from policies.models import ModelTarget, TieredModelConfig
 from policies.schema import Policy
 from policies.surfaces import Budget, Priority, Surface, SurfaceActions
+from routing.admission import AdmissionQueue
 from routing.factory import build_router
+from routing.hedging import HedgePolicy
+from routing.latency import ReplicaLatency
 from routing.least_loaded import LeastLoadedRouter, RoundRobinRouter
 from routing.pool import BackendPool, PoolSettings
 from routing.replica import Replica

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from policies.admission import AdmissionQueue
 from policies.routing import RoutingConfig
+from routing.admission import AdmissionQueue
 from routing.factory import BackgroundRouter, MetricsObserver
 from routing.metrics_scrape import MetricsListener, MetricsScraper
 from routing.replica import Replica

@@ -45,7 +45,7 @@
 # `matched_prefix` in the decision is the chosen replica's match in characters (approximate) or
 # tokens (precise); `details` carries best_match, load, mean_load and candidates for tracing.
 #
-# Settings (routing/config.py validates them and holds the defaults):
+# Settings (policies/routing.py validates them and holds the defaults):
 #   chunk_chars          characters per chunk (approximate, 64): small enough that a short
 #                        first turn still leaves a full chunk for the next turn to match
 #   kv_capacity_tokens   one replica's KV cache in tokens (vLLM logs "GPU KV cache size: N

@@ -12,8 +12,8 @@ from aiohttp import web
 
 from bench.fake_upstream import FakeSettings, FakeUpstream, site_port, start_fake
 from gateway.app import GATEWAY, Gateway, create_app
+from gateway.observability.tracing import Telemetry
 from policies.loader import parse_policy
-from policies.telemetry import Telemetry
 from tests.cache.conftest import redis_server  # noqa: F401 (a real redis-server, for every tier)
 
 

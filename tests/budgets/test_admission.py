@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from policies.admission import AdmissionQueue, AdmissionRejected, Ticket
 from policies.server import AdmissionConfig
 from policies.surfaces import Priority
+from routing.admission import AdmissionQueue, AdmissionRejected, Ticket
 from routing.replica import Replica
 
 

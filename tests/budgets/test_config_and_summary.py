@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from policies.genai_response import StreamSummarizer, summarize_body
+from gateway.observability.summary import StreamSummarizer, summarize_body
 from policies.server import AdmissionConfig, TelemetryConfig
 from policies.surfaces import Budget, HedgeConfig, SurfaceActions, action_errors
 

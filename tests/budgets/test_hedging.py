@@ -6,15 +6,10 @@ import asyncio
 
 import pytest
 
-from policies.hedging import (
-    HedgeBudget,
-    HedgePolicy,
-    hedge_delay_s,
-    race_first_chunk,
-    worth_hedging,
-)
-from policies.latency import ReplicaLatency
+from gateway.upstream.race import race_first_chunk
 from policies.surfaces import HedgeConfig
+from routing.hedging import HedgeBudget, HedgePolicy, hedge_delay_s, worth_hedging
+from routing.latency import ReplicaLatency
 from routing.replica import Replica
 
 

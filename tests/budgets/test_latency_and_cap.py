@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies.latency import ReplicaLatency, choose_for_budget
-from policies.output_cap import cap_max_tokens, requested_max_tokens, with_max_tokens
+from routing.latency import ReplicaLatency, choose_for_budget
+from routing.output_cap import cap_max_tokens, requested_max_tokens, with_max_tokens
 from routing.replica import Replica
 
 

@@ -7,9 +7,9 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from policies.slo import RequestTiming, SloCollector, SloTracker, judge
+from gateway.observability.slo import RequestTiming, SloCollector, SloTracker, judge
 from policies.surfaces import Budget
-from policies.window import RollingCounts, RollingHistogram
+from routing.window import RollingCounts, RollingHistogram
 
 
 class FakeClock:

@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from bench.fake_upstream import site_port
+from gateway.observability.tracing import NOOP_REQUEST, Telemetry, export_settings
 from policies.server import TelemetryConfig
-from policies.telemetry import NOOP_REQUEST, Telemetry, export_settings
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"

@@ -12,8 +12,8 @@ import openai
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from gateway.observability.tracing import Telemetry
 from policies.server import TelemetryConfig
-from policies.telemetry import Telemetry
 from tests.conftest import FakeFactory, GatewayFactory, closed_port_url, pool_policy
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.providers.anthropic import AnthropicProvider
 from gateway.runtime import Runtime, build_pools
+from gateway.upstream.providers.anthropic import AnthropicProvider
 from policies.backends import AnthropicBackend
 from policies.loader import PolicyError, parse_policy
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from gateway.errors import BadRequest
-from gateway.protocol import Endpoint, parse_request
-from gateway.providers.anthropic import AnthropicProvider
-from gateway.providers.anthropic_request import to_messages_request
+from gateway.protocol.openai import Endpoint, parse_request
+from gateway.upstream.providers.anthropic import AnthropicProvider
+from gateway.upstream.providers.anthropic_request import to_messages_request
 
 
 def translate(body: dict[str, Any], cap: int | None = None) -> dict[str, Any]:

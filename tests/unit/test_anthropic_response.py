@@ -8,16 +8,16 @@ from typing import Any
 import pytest
 
 from cache.replay import assemble_stream
-from gateway.providers.anthropic_response import (
+from gateway.observability.summary import StreamSummarizer
+from gateway.upstream.client import UpstreamStreamError
+from gateway.upstream.providers.anthropic_response import (
     chat_completion,
     finish_reason,
     openai_error,
     translate_body,
     usage,
 )
-from gateway.providers.anthropic_stream import AnthropicStream
-from gateway.upstream import UpstreamStreamError
-from policies.genai_response import StreamSummarizer
+from gateway.upstream.providers.anthropic_stream import AnthropicStream
 
 MESSAGE: dict[str, Any] = {
     "id": "msg_01",

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from policies.surfaces import Budget
-from policies.window import RollingCounts, RollingHistogram
+from routing.window import RollingCounts, RollingHistogram
 
 QUANTILES = (0.5, 0.95, 0.99)
 _REQUESTS, _MET, _ERRORS, _TTFT_MET, _ITL_MET, _TOTAL_MET = range(6)

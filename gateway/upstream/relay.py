@@ -23,7 +23,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.errors import error_bytes
-from gateway.upstream import UpstreamResponse, UpstreamStreamError
+from gateway.upstream.client import UpstreamResponse, UpstreamStreamError
 
 log = logging.getLogger("llm_gateway.relay")
 

@@ -22,16 +22,16 @@ import aiohttp
 from multidict import CIMultiDict
 
 from gateway.errors import Unavailable, UpstreamError, UpstreamTimeout
-from gateway.metrics import GatewayMetrics
-from gateway.protocol import ParsedRequest
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.tracing import AttemptSpan, RequestSpan
+from gateway.protocol.openai import ParsedRequest
 from gateway.runtime import Destination, Runtime, SurfacePlan
-from gateway.upstream import AttemptFailed, UpstreamClient, UpstreamRequest, UpstreamResponse
-from policies.admission import VLLM_PRIORITY
+from gateway.upstream.client import AttemptFailed, UpstreamClient, UpstreamRequest, UpstreamResponse
+from gateway.upstream.race import race_first_chunk
 from policies.backends import TimeoutConfig
-from policies.hedging import race_first_chunk
-from policies.latency import choose_for_budget
-from policies.output_cap import cap_max_tokens, requested_max_tokens, with_max_tokens
-from policies.telemetry import AttemptSpan, RequestSpan
+from routing.admission import VLLM_PRIORITY
+from routing.latency import choose_for_budget
+from routing.output_cap import cap_max_tokens, requested_max_tokens, with_max_tokens
 from routing.pool import BackendPool
 from routing.prompt_text import render_for_routing
 from routing.replica import LoadGuard, Replica

@@ -13,8 +13,8 @@ from typing import Protocol
 
 import aiohttp
 
-from gateway.protocol import ParsedRequest
-from gateway.upstream import UpstreamResponse
+from gateway.protocol.openai import ParsedRequest
+from gateway.upstream.client import UpstreamResponse
 
 
 class Provider(Protocol):

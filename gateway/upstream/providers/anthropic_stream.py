@@ -25,8 +25,8 @@ import json
 import time
 from typing import Any
 
-from gateway.providers.anthropic_response import finish_reason, usage
-from gateway.upstream import UpstreamStreamError
+from gateway.upstream.client import UpstreamStreamError
+from gateway.upstream.providers.anthropic_response import finish_reason, usage
 
 _DONE = b"data: [DONE]\n\n"
 _SKIP = -2  # a content block that is not passed on

@@ -23,14 +23,14 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.attempts import Attempt, AttemptOpener, OpenRequest
-from gateway.caching import QueryEmbedding
 from gateway.errors import GatewayError, Unavailable
-from gateway.metrics import GatewayMetrics
-from gateway.protocol import Endpoint, ParsedRequest
-from gateway.relay import RelayResult, StreamPlan, relay_body, relay_stream
+from gateway.observability.metrics import GatewayMetrics
+from gateway.protocol.openai import Endpoint, ParsedRequest
+from gateway.protocol.sse import DONE, payloads
 from gateway.runtime import Destination, Runtime
-from policies.genai_response import DONE, sse_payloads
+from gateway.stages.cache import QueryEmbedding
+from gateway.upstream.attempts import Attempt, AttemptOpener, OpenRequest
+from gateway.upstream.relay import RelayResult, StreamPlan, relay_body, relay_stream
 from policies.models import TieredModelConfig
 from routing.calibration import wants_large
 from routing.cascade import CascadeVerdict, CascadeVerifier, SmallAnswer, load_verifier
@@ -210,7 +210,7 @@ async def _hold(
     def scan(events: Iterable[bytes]) -> None:
         nonlocal finish, done
         for event in events:
-            for payload in sse_payloads(event):
+            for payload in payloads(event):
                 if payload == DONE:
                     done = True
                     continue

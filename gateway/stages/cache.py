@@ -21,8 +21,8 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.protocol import Endpoint, ParsedRequest
-from policies.genai_response import DONE, sse_payloads
+from gateway.protocol.openai import Endpoint, ParsedRequest
+from gateway.protocol.sse import DONE, payloads
 
 if TYPE_CHECKING:
     from cache.embedder import Embedder
@@ -96,7 +96,7 @@ class StreamCapture:
             return None
         events: list[dict[str, Any]] = []
         done = False
-        for payload in sse_payloads(b"".join(self.chunks)):
+        for payload in payloads(b"".join(self.chunks)):
             if payload == DONE:
                 done = True
                 continue

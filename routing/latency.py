@@ -36,8 +36,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from policies.window import RollingHistogram
 from routing.replica import Replica
+from routing.window import RollingHistogram
 
 
 @dataclass(slots=True)

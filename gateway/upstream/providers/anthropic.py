@@ -12,12 +12,12 @@ import json
 import aiohttp
 
 from gateway.errors import BadRequest
-from gateway.protocol import Endpoint, ParsedRequest
-from gateway.providers.anthropic_request import to_messages_request
-from gateway.providers.anthropic_response import translate_body
-from gateway.providers.anthropic_stream import AnthropicStream
-from gateway.providers.translated import TranslatedResponse
-from gateway.upstream import UpstreamResponse
+from gateway.protocol.openai import Endpoint, ParsedRequest
+from gateway.upstream.client import UpstreamResponse
+from gateway.upstream.providers.anthropic_request import to_messages_request
+from gateway.upstream.providers.anthropic_response import translate_body
+from gateway.upstream.providers.anthropic_stream import AnthropicStream
+from gateway.upstream.providers.translated import TranslatedResponse
 
 ANTHROPIC_VERSION = "2023-06-01"
 

@@ -15,7 +15,7 @@ from typing import Protocol
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.upstream import UpstreamBody
+from gateway.upstream.client import UpstreamBody
 
 # (upstream status, upstream body) -> (status, OpenAI body)
 BodyTranslator = Callable[[int, bytes], tuple[int, bytes]]

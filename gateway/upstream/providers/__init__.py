@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from gateway.providers.anthropic import AnthropicProvider
-from gateway.providers.base import Provider
+from gateway.upstream.providers.anthropic import AnthropicProvider
+from gateway.upstream.providers.base import Provider
 from policies.backends import AnthropicBackend, Backend
 
 __all__ = ["Provider", "build_provider"]

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from gateway.protocol.sse import DONE, EventSplitter, payloads
 
 _NULL_FINISH = (b'"finish_reason":null', b'"finish_reason": null')
 
@@ -68,18 +69,16 @@ def summarize_body(body: bytes, collect_text: bool = False) -> ResponseSummary:
 
 
 class StreamSummarizer:
-    __slots__ = ("_buffer", "_seen_first", "collect_text", "summary")
+    __slots__ = ("_events", "_seen_first", "collect_text", "summary")
 
     def __init__(self, collect_text: bool = False) -> None:
         self.collect_text = collect_text
         self.summary = ResponseSummary()
-        self._buffer = b""
+        self._events = EventSplitter()
         self._seen_first = False
 
     def feed(self, data: bytes) -> None:
-        buffer = self._buffer + data
-        *events, self._buffer = buffer.split(b"\n\n")
-        for event in events:
+        for event in self._events.feed(data):
             if self._wanted(event):
                 self._parse(event)
 
@@ -91,7 +90,7 @@ class StreamSummarizer:
         return b'"finish_reason"' in event and not any(n in event for n in _NULL_FINISH)
 
     def _parse(self, event: bytes) -> None:
-        for payload in sse_payloads(event):
+        for payload in payloads(event):
             if payload == DONE:
                 continue
             try:
@@ -100,15 +99,3 @@ class StreamSummarizer:
                 continue
             self._seen_first = True
             self.summary.absorb(obj, self.collect_text)
-
-
-DONE = b"[DONE]"
-
-
-def sse_payloads(data: bytes) -> Iterator[bytes]:
-    """The payload of every non-empty ``data:`` line of SSE bytes (``DONE`` included)."""
-    for line in data.split(b"\n"):
-        if line.startswith(b"data:"):
-            payload = line[5:].strip()
-            if payload:
-                yield payload

@@ -1,0 +1,1 @@
+"""Metrics, traces and SLO tracking of the request path."""

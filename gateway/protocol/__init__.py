@@ -1,0 +1,1 @@
+"""The wire formats clients speak: parsing requests, SSE, rendering answers."""

@@ -1,0 +1,1 @@
+"""The stages of a request that can end it early or change its targets: cache, tiers."""

@@ -1,0 +1,1 @@
+"""Talking to upstreams: opening attempts (replica choice, retries, hedges) and relaying answers."""
