@@ -21,9 +21,9 @@ $(VENV)/.core: pyproject.toml
 	$(BIN)/pip install -q -e '.[cache]'
 	touch $@
 
-# Everything: plus the routing-training extra and the test and lint tools.
+# Everything: plus the offline tools' extra (training) and the test and lint tools.
 $(VENV)/.all: $(VENV)/.core pyproject.toml
-	$(BIN)/pip install -q -e '.[dev,cache,routing]'
+	$(BIN)/pip install -q -e '.[dev,cache,training]'
 	touch $@
 
 install: $(VENV)/.core
@@ -40,7 +40,7 @@ litellm-env:
 	bash bench/litellm-env.sh
 
 demo: install vllm-env
-	$(BIN)/llm-gateway demo
+	$(BIN)/python -m deploy.local.demo
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -37,9 +37,9 @@ from bench._procs import free_port
 from cache.embedder import SentenceTransformerEmbedder
 from cache.index import IndexEntry
 from cache.keys import CacheScope
-from cache.pairs import embed_cached, read_pairs
 from cache.redis_store import RedisStore
 from cache.semantic import ResponseCache, entry_id_for
+from cache.training.pairs import embed_cached, read_pairs
 from cache.verifier import Verifier
 from policies.cache import CachePolicy, SemanticCacheConfig
 

@@ -1,4 +1,10 @@
-"""``llm-gateway``: serve, check a policy, run the demo, and the tools of other packages."""
+"""``llm-gateway``: serve, check a policy, and the offline tools of other packages.
+
+``serve`` and ``check`` are the gateway's own. The offline tools (``train-router``,
+``calibrate``, ``router-eval``, ``cache-eval``) live in ``routing.training`` and
+``cache.training``; their module is imported only when its command runs, so serving never
+imports training code (or its extras).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,6 @@ import argparse
 import asyncio
 import importlib
 import logging
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -19,11 +24,18 @@ from policies.schema import Policy
 
 log = logging.getLogger("llm_gateway")
 
-# Packages that add their own commands through ``add_commands(subparsers)``.
-_COMMAND_MODULES = ("cache.cli", "routing.cli")
+# Offline commands: the module that adds them (``add_commands(subparsers)``), its help line,
+# and the extra that module needs.
+_OFFLINE: dict[str, tuple[str, str, str]] = {
+    "train-router": ("routing.training.cli", "train the tier router on labelled data", "training"),
+    "calibrate": ("routing.training.cli", "turn a routing target into a threshold", "training"),
+    "router-eval": ("routing.training.cli", "APGR/CPT of the tier router", "training"),
+    "cache-eval": ("cache.training.cli", "cache hit precision and recall on pairs", "cache"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="llm-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -38,21 +50,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("policy", type=Path)
     p.set_defaults(func=_cmd_check)
 
-    p = sub.add_parser(
-        "demo", help="start two local vLLM CPU replicas with a tiny model and the gateway"
-    )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--replicas", type=int, default=2)
-    p.set_defaults(func=_cmd_demo)
-
-    for name in _COMMAND_MODULES:
+    wanted = _OFFLINE.get(argv[0]) if argv else None
+    if wanted is not None:
+        module_name, _, extra = wanted
         try:
-            module = importlib.import_module(name)
-        except ImportError as exc:  # an optional extra that is not installed
-            log.debug("commands of %s unavailable: %s", name, exc)
-            continue
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            print(
+                f"llm-gateway {argv[0]} needs the '{extra}' extra "
+                f"(pip install 'llm-gateway[{extra}]'): {exc}",
+                file=sys.stderr,
+            )
+            return 2
         module.add_commands(sub)
+    else:
+        for name, (_, help_text, extra) in _OFFLINE.items():
+            sub.add_parser(name, help=f"{help_text} (the '{extra}' extra)")
 
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
@@ -147,48 +160,6 @@ async def _serve(
     finally:
         log.info("shutting down")
         await runner.cleanup()
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from gateway.localpool import LocalVllmPool
-
-    _logging("INFO")
-    policy_path = Path(__file__).resolve().parent.parent / "policies/examples/demo.yaml"
-    print(
-        f"starting {args.replicas} vLLM CPU replicas with the tiny model "
-        "(built on first run; about a minute, more on a busy machine)...",
-        flush=True,
-    )
-    with LocalVllmPool(args.replicas) as pool:
-        os.environ["DEMO_REPLICAS"] = ",".join(pool.replicas)
-        for i, url in enumerate(pool.replicas, start=1):
-            os.environ[f"DEMO_REPLICA_{i}"] = url
-        try:
-            policy = load_policy(policy_path)
-        except PolicyError as exc:
-            print(f"demo policy invalid:\n{exc}", file=sys.stderr)
-            return 1
-
-        def ready(base_url: str) -> None:
-            print(_demo_banner(base_url, pool.model_name), flush=True)
-
-        run_server(policy, policy_path, args.host, args.port, ready)
-    print("stopped the gateway and the vLLM replicas", flush=True)
-    return 0
-
-
-def _demo_banner(base_url: str, model: str) -> str:
-    return f"""
-llm-gateway is up at {base_url}  (two real vLLM CPU replicas behind it; Ctrl-C stops all)
-
-  from openai import OpenAI
-  client = OpenAI(base_url="{base_url}", api_key="unused")
-  r = client.chat.completions.create(model="{model}", max_tokens=16, temperature=0,
-                                     messages=[{{"role": "user", "content": "Hello"}}])
-  print(r.choices[0].message.content, r.usage)
-
-  curl {base_url}/models      curl {base_url.removesuffix("/v1")}/metrics
-"""
 
 
 def _logging(level: str) -> None:

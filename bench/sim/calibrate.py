@@ -9,7 +9,7 @@ same prompts (``/v1/completions`` accepts ids; ids stay under the tiny model's 8
   warm TTFT and the prefix-cache hits the repeats add.
 
 The simulator side runs the engine offline on a synthetic clock (deterministic). ``--live``
-also runs the scenarios against one real vLLM started by ``gateway.localpool.LocalVllmPool``
+also runs the scenarios against one real vLLM started by ``deploy.local.localpool.LocalVllmPool``
 (needs ``.venv-vllm``); its TTFT comes from the server's own histogram, as VLLM-CPU.md advises
 on a loaded machine. The reference ranges are the measurements in VLLM-CPU.md.
 """
@@ -96,7 +96,7 @@ async def live() -> dict[str, float]:
     """The same scenarios against one real vLLM CPU replica (minutes: start-up is ~40 s)."""
     import aiohttp
 
-    from gateway.localpool import LocalVllmPool
+    from deploy.local.localpool import LocalVllmPool
 
     async with LocalVllmPool(1) as pool, aiohttp.ClientSession() as http:
         base = pool.replicas[0]

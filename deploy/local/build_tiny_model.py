@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-# gateway/localpool.py checks for the same name before it launches this script.
+# deploy/local/localpool.py checks for the same name before it launches this script.
 MARKER = "TINY_MODEL_COMPLETE"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cache.cli import add_commands
-from cache.eval import evaluate, load_cache_policy
-from cache.pairs import read_pairs
+from cache.training.cli import add_commands
+from cache.training.eval import evaluate, load_cache_policy
+from cache.training.pairs import read_pairs
 from policies.cache import CachePolicy, SemanticCacheConfig
 from tests.cache.conftest import HashingEmbedder
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.localpool import LocalPoolError, LocalVllmPool
+from deploy.local.localpool import LocalPoolError, LocalVllmPool
 
 VLLM_POOL_SIZE = 2
 

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.localpool import LocalVllmPool
+from deploy.local.localpool import LocalVllmPool
 from tests.conftest import GatewayFactory, RunningGateway
 
 pytestmark = pytest.mark.vllm

@@ -8,7 +8,7 @@ import urllib.request
 import openai
 import pytest
 
-from gateway.localpool import LocalVllmPool
+from deploy.local.localpool import LocalVllmPool
 
 pytestmark = pytest.mark.vllm
 

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.localpool import LocalVllmPool
+from deploy.local.localpool import LocalVllmPool
 from tests.conftest import GatewayFactory
 
 pytestmark = pytest.mark.vllm

@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 
 from policies.models import CalibrationTarget
-from routing.calibration import (
-    CalibrationTable,
+from routing.calibration import CalibrationTable, wants_large
+from routing.training.curves import (
     apgr,
     calibrate,
     cpt,
     parse_target,
     router_curve,
+    table_from_scores,
     threshold_for_large_fraction,
     threshold_for_quality_recovered,
-    wants_large,
 )
-from routing.router_eval import ScoredRows, evaluation, figures, random_figures
+from routing.training.router_eval import ScoredRows, evaluation, figures, random_figures
 
 # Four requests: A and B only the large tier answers, C both answer, D neither.
 # small quality 0.25, large quality 0.75, gap 0.5.
@@ -107,7 +107,7 @@ def test_calibration_table_matches_the_exact_thresholds() -> None:
     scores = rng.permutation(np.arange(200)) / 200.0
     small = (rng.random(200) < 0.5).astype(float)
     large = np.maximum(small, (scores > 0.5).astype(float))
-    table = CalibrationTable.from_scores(scores, small, large)
+    table = table_from_scores(scores, small, large)
     assert len(table.threshold) == 101
     for fraction in (0.0, 0.1, 0.3, 0.55, 1.0):
         target = CalibrationTarget("max_large_fraction", fraction)

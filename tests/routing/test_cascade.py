@@ -15,8 +15,8 @@ from routing.cascade import (
     final_answer,
     load_verifier,
 )
-from routing.router_data import LabelledRow
-from routing.train_router import cascade_design, cascade_features, fit_cascade
+from routing.training.router_data import LabelledRow
+from routing.training.train_router import cascade_design, cascade_features, fit_cascade
 
 GOOD = "He runs 3 x 60 = <<3*60=180>>180 meters per session.\nSo 180 * 3 = 540 meters.\n#### 540"
 BAD_MATH = (

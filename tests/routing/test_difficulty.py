@@ -11,7 +11,6 @@ import pytest
 from pydantic import ValidationError
 
 from policies.models import CalibrationTarget, TieredModelConfig
-from routing import train_router
 from routing.difficulty import (
     DEFAULT_ARTIFACT,
     HEAD_TARGETS,
@@ -25,9 +24,10 @@ from routing.difficulty import (
     read_artifact,
     text_features,
 )
-from routing.router_data import PromptFilter, load_data
-from routing.router_eval import figures, score_rows
-from routing.train_router import fit_domain, fit_logistic, train
+from routing.training import train_router
+from routing.training.router_data import PromptFilter, load_data
+from routing.training.router_eval import figures, score_rows
+from routing.training.train_router import fit_domain, fit_logistic, train
 
 DIM = 8
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "routing"
@@ -287,7 +287,7 @@ def test_shipped_artifact_is_small_and_documented() -> None:
 
 @pytest.mark.skipif(not DATA_DIR.is_dir(), reason="dev data not present")
 def test_shipped_artifact_records_the_dev_files() -> None:
-    from routing.router_data import file_sha256
+    from routing.training.router_data import file_sha256
 
     for entry in read_artifact()["training"]["data"]:
         assert file_sha256(DATA_DIR / f"{entry['name']}.jsonl") == entry["sha256"]
@@ -335,7 +335,7 @@ def test_tier_config_resolves_the_threshold() -> None:
 def test_nested_cross_validation_runs_the_training_selection(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from routing.router_cv import main
+    from routing.training.router_cv import main
 
     vectors = _synthetic(tmp_path / "alpha.jsonl", 0, 120, 1)
 

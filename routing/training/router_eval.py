@@ -33,11 +33,12 @@ import numpy as np
 import numpy.typing as npt
 
 from policies.models import CalibrationTarget
-from routing.calibration import apgr, calibrate, cpt, router_curve, wants_large
+from routing.calibration import wants_large
 from routing.cascade import CascadeVerifier, SmallAnswer
 from routing.difficulty import DifficultyEstimator, DifficultyRouter
-from routing.router_data import DataFile, Embed, PromptFilter, labels
-from routing.train_router import (
+from routing.training.curves import apgr, calibrate, cpt, router_curve
+from routing.training.router_data import DataFile, Embed, PromptFilter, labels
+from routing.training.train_router import (
     DomainData,
     cascade_design,
     cascade_features,

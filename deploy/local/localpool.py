@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
 DEFAULT_MODEL_DIR = REPO_ROOT / ".cache" / "tiny-llama"
 DEFAULT_LOG_DIR = REPO_ROOT / ".cache" / "vllm-logs"
@@ -450,7 +450,9 @@ def _tail(text: str, lines: int = 40) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a pool in the foreground until interrupted (for benchmarks and manual tries)."""
-    parser = argparse.ArgumentParser(prog="python -m gateway.localpool", description=main.__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m deploy.local.localpool", description=main.__doc__
+    )
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--model-name", default=DEFAULT_MODEL_NAME)
     parser.add_argument("--kv-events", action="store_true", help="publish KV events over ZMQ")

@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from routing.calibration import parse_target
 from routing.difficulty import DEFAULT_ARTIFACT, read_artifact
+from routing.training.curves import parse_target
 
 if TYPE_CHECKING:
-    from routing.router_eval import ScoredRows
+    from routing.training.router_eval import ScoredRows
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,8 +74,8 @@ def _common_options(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from routing.router_data import cached_embedder, load_data
-    from routing.train_router import train, write_artifact
+    from routing.training.router_data import cached_embedder, load_data
+    from routing.training.train_router import train, write_artifact
 
     files = [load_data(path) for path in args.data]
     command = "llm-gateway train-router " + shlex.join(
@@ -114,8 +114,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _scored(args: argparse.Namespace, threshold: float | None = None) -> ScoredRows:
-    from routing.router_data import cached_embedder, load_data
-    from routing.router_eval import Mode, score_rows
+    from routing.training.router_data import cached_embedder, load_data
+    from routing.training.router_eval import Mode, score_rows
 
     artifact = read_artifact(args.artifact)
     data = load_data(args.data)
@@ -130,7 +130,7 @@ def _scored(args: argparse.Namespace, threshold: float | None = None) -> ScoredR
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from routing.router_eval import dumps, evaluation, render
+    from routing.training.router_eval import dumps, evaluation, render
 
     try:
         result = evaluation(_scored(args, args.threshold), args.mode, str(args.data))
@@ -145,7 +145,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from routing.router_eval import calibration_result, dumps
+    from routing.training.router_eval import calibration_result, dumps
 
     try:
         target = parse_target(args.target)

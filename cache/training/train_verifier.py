@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from cache.pairs import default_embedding_cache, embed_cached, read_pairs
+from cache.training.pairs import default_embedding_cache, embed_cached, read_pairs
 from cache.verifier import FEATURE_NAMES, TreeEnsemble, Verifier, feature_matrix, vetoed
 
 Floats = npt.NDArray[np.float64]

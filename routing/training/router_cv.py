@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from routing.calibration import apgr, router_curve
 from routing.difficulty import HEAD_TARGETS, HeadTarget
-from routing.router_data import Embed, cached_embedder, load_data
-from routing.train_router import ROUTE_GRID, DomainData, _select_route, stratified_folds
+from routing.training.curves import apgr, router_curve
+from routing.training.router_data import Embed, cached_embedder, load_data
+from routing.training.train_router import ROUTE_GRID, DomainData, _select_route, stratified_folds
 
 
 def nested_apgr(

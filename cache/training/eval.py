@@ -23,9 +23,9 @@ from typing import Any
 import yaml
 
 from cache.index import Vector
-from cache.pairs import Pair
 from cache.semantic import ResponseCache
 from cache.store import InMemoryStore
+from cache.training.pairs import Pair
 from cache.verifier import Verifier
 from policies.cache import CachePolicy, SemanticCacheConfig
 

@@ -32,7 +32,6 @@ import numpy as np
 import numpy.typing as npt
 
 from policies.models import CalibrationTarget
-from routing.calibration import CalibrationTable, apgr, calibrate, cpt, router_curve
 from routing.cascade import (
     CASCADE_FEATURES,
     LOGPROB_FEATURES,
@@ -52,13 +51,8 @@ from routing.difficulty import (
     head_labels,
     text_feature_matrix,
 )
-from routing.router_data import (
-    DataFile,
-    Embed,
-    LabelledRow,
-    PromptFilter,
-    labels,
-)
+from routing.training.curves import apgr, calibrate, cpt, router_curve, table_from_scores
+from routing.training.router_data import DataFile, Embed, LabelledRow, PromptFilter, labels
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -387,7 +381,7 @@ def train(
     estimator = DifficultyEstimator(
         models,
         threshold=calibrate(DEFAULT_TARGET, pooled, pooled_small, pooled_large),
-        calibration=CalibrationTable.from_scores(pooled, pooled_small, pooled_large),
+        calibration=table_from_scores(pooled, pooled_small, pooled_large),
         dim=dim,
     )
     artifact: dict[str, Any] = {
@@ -477,7 +471,7 @@ def _train_cascade(
     verifier = replace(
         verifier,
         threshold=calibrate(DEFAULT_TARGET, oof, small, large),
-        calibration=CalibrationTable.from_scores(oof, small, large),
+        calibration=table_from_scores(oof, small, large),
     )
     return {**verifier.to_json(), "threshold_target": str(DEFAULT_TARGET)}
 

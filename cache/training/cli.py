@@ -38,8 +38,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def _cmd_cache_eval(args: argparse.Namespace) -> int:
     from cache.embedder import SentenceTransformerEmbedder
-    from cache.eval import default_policy, load_cache_policy, run
-    from cache.pairs import embed_cached, read_pairs
+    from cache.training.eval import default_policy, load_cache_policy, run
+    from cache.training.pairs import embed_cached, read_pairs
     from cache.verifier import Verifier
 
     try:
