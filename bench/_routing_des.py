@@ -39,7 +39,7 @@ from routing.kv_events import decode_batch
 from routing.kv_index import KVBlockIndex
 from routing.metrics_scrape import parse_vllm_metrics
 from routing.replica import LoadGuard, Replica
-from routing.router import Router, RoutingDecision, RoutingRequest
+from routing.router import Router, RoutingRequest
 
 
 @dataclass(eq=False)
@@ -153,9 +153,7 @@ class PoolRun:
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = itertools.count()
         self._busy = [False] * replicas
-        self._inflight: dict[
-            str, tuple[Job, LoadGuard, RoutingDecision, RoutingRequest, _Gateway]
-        ] = {}
+        self._inflight: dict[str, tuple[Job, LoadGuard]] = {}
         self._ids = itertools.count()
         self._area = [0.0] * replicas  # integral of outstanding over time
         self._last_change = 0.0
@@ -273,7 +271,7 @@ class PoolRun:
         self._account()
         guard = LoadGuard(decision.replica)
         rid = f"r{next(self._ids)}"
-        self._inflight[rid] = (job, guard, decision, request, g)
+        self._inflight[rid] = (job, guard)
         self.engines[i].add_request(rid, job.tokens, job.max_tokens, self.now)
         if not self._busy[i]:
             self._schedule(i)
@@ -295,7 +293,7 @@ class PoolRun:
 
     def _end(self, i: int, result: StepResult, workload: Workload) -> None:
         for out in result.outputs:
-            job, guard, decision, request, g = self._inflight[out.request_id]
+            job, guard = self._inflight[out.request_id]
             if job.first_token_at is None:
                 job.first_token_at = self.now
                 job.cached = out.num_cached_tokens
@@ -304,7 +302,6 @@ class PoolRun:
                 del self._inflight[out.request_id]
                 self._account()
                 guard.release()
-                g.router.on_complete(decision, request, True)
                 job.finished_at = self.now
                 follow = workload.follow_up(job, self.now)
                 if follow is not None:

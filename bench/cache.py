@@ -41,6 +41,7 @@ from cache.redis_store import RedisStore
 from cache.semantic import ResponseCache, entry_id_for
 from cache.training.pairs import embed_cached, read_pairs
 from cache.verifier import Verifier
+from gateway.protocol.openai import Endpoint, user_text
 from policies.cache import CachePolicy, SemanticCacheConfig
 
 DEFAULT_PAIRS = Path(__file__).resolve().parents[1] / ".." / "shared/data/paraphrase/pairs_dev.tsv"
@@ -115,6 +116,15 @@ class RedisProcess:
         self.proc.wait()
 
 
+def plan_for(cache: ResponseCache, text: str, policy: CachePolicy, surface: str = "s") -> Any:
+    """The plan the gateway would make for a one-message request (its own user-text rule)."""
+    request = body(text)
+    query = user_text(Endpoint.CHAT, request)
+    return cache.plan(
+        request, policy, tenant="bench", model_alias="m", surface=surface, query_text=query
+    )
+
+
 async def fill(
     cache: ResponseCache,
     store: RedisStore,
@@ -124,9 +134,9 @@ async def fill(
     rng: np.random.Generator,
 ) -> None:
     for text, vec in zip(texts, emb_a, strict=True):
-        plan = cache.plan(body(text), GATED, tenant="bench", model_alias="m", surface="s")
+        plan = plan_for(cache, text, GATED)
         await cache.fill(plan, GATED, ANSWER, vec)
-    plan = cache.plan(body("filler"), GATED, tenant="bench", model_alias="m", surface="s")
+    plan = plan_for(cache, "filler", GATED)
     assert plan.request is not None
     scope: CacheScope = plan.request.scope
     context = plan.request.context_key
@@ -163,7 +173,7 @@ async def run_size(
         qs = pairs_b[:queries]
 
         async def plan_of(text: str, policy: CachePolicy, surface: str = "s") -> Any:
-            return cache.plan(body(text), policy, tenant="bench", model_alias="m", surface=surface)
+            return plan_for(cache, text, policy, surface)
 
         hits = {"gated": 0, "cosine": 0}
 

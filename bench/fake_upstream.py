@@ -29,6 +29,7 @@ class FakeSettings:
     chunks: int = 4  # streamed content chunks
     chunk_interval_ms: float = 0.0
     reply: str = "hello from the fake upstream"
+    tool_calls: int = 0  # chat answers also call this many tools (finish_reason tool_calls)
 
 
 @dataclass
@@ -147,9 +148,13 @@ class FakeUpstream:
         choices: list[dict[str, Any]] = []
         for i in range(n):
             if chat:
-                msg = {"role": "assistant", "content": text}
+                msg: dict[str, Any] = {"role": "assistant", "content": text}
+                finish = "stop"
+                if self.settings.tool_calls:
+                    msg["tool_calls"] = [_tool_call(j) for j in range(self.settings.tool_calls)]
+                    finish = "tool_calls"
                 choices.append(
-                    {"index": i, "message": msg, "finish_reason": "stop", "logprobs": None}
+                    {"index": i, "message": msg, "finish_reason": finish, "logprobs": None}
                 )
             else:
                 choices.append(
@@ -189,6 +194,11 @@ class FakeUpstream:
                 choice = {"index": 0, "text": f"tok{i} ", "finish_reason": None}
             if i == self.settings.chunks - 1:
                 choice["finish_reason"] = "stop"
+                if chat and self.settings.tool_calls:
+                    choice["delta"]["tool_calls"] = [
+                        {"index": j, **_tool_call(j)} for j in range(self.settings.tool_calls)
+                    ]
+                    choice["finish_reason"] = "tool_calls"
             chunk = {
                 "id": "fake-1",
                 "object": kind,
@@ -223,6 +233,15 @@ class FakeUpstream:
         await resp.write_eof()
         self.completed += 1
         return resp
+
+
+def _tool_call(j: int) -> dict[str, Any]:
+    arguments = json.dumps({"city": f"city-{j}"})
+    return {
+        "id": f"call-{j}",
+        "type": "function",
+        "function": {"name": f"tool_{j}", "arguments": arguments},
+    }
 
 
 def site_port(site: web.TCPSite) -> int:

@@ -313,9 +313,6 @@ class GroupOracle:
         i = self._home.setdefault(key, len(self._home) % len(replicas))
         return RoutingDecision(replicas[i], "oracle")
 
-    def on_complete(self, decision: RoutingDecision, request: RoutingRequest, ok: bool) -> None:
-        return None
-
 
 def make_router(
     strategy: str, clock: SimClock, tokenizer: Callable[[str], list[int]]

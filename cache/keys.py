@@ -7,9 +7,10 @@
   change the answer (``stream``, ``stream_options``, ``user``, ``metadata``, ...). Unknown
   fields stay in the key: a field we do not know about can only cost hits, never serve a
   wrong answer.
-* **Context key**: the same canonical request with the last user message's text taken out.
-  Semantic matching compares that text's embedding only among entries whose context key is
-  equal (same system prompt, same earlier turns, same model and sampling parameters).
+* **Context key**: the same canonical request with the query text (the user's text: the last
+  message's content, or the prompt, as the gateway's one rule found it) taken out. Semantic
+  matching compares that text's embedding only among entries whose context key is equal (same
+  system prompt, same earlier turns, same model and sampling parameters).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class CacheRequest:
     scope: CacheScope
     exact_key: str
     context_key: str
-    query_text: str | None  # last user message (or prompt) for semantic matching; None: exact only
+    query_text: str | None  # the user's text, matched semantically; None: exact only
     temperature: float | None
 
 
@@ -108,9 +109,16 @@ def _canonical_params(body: Mapping[str, Any], drop: str) -> dict[str, Any]:
 
 
 def build_request(
-    body: Mapping[str, Any], scope: CacheScope, endpoint: Endpoint = "chat/completions"
+    body: Mapping[str, Any],
+    scope: CacheScope,
+    endpoint: Endpoint = "chat/completions",
+    query_text: str | None = None,
 ) -> CacheRequest:
-    """Keys for a parsed request body (``messages`` for chat, ``prompt`` for completions)."""
+    """Keys for a parsed request body (``messages`` for chat, ``prompt`` for completions).
+
+    ``query_text`` is the user's text, taken from the last message (chat) or the prompt
+    (completions) by the caller; None makes the request exact-only.
+    """
     temperature = body.get("temperature")
     temp = float(temperature) if isinstance(temperature, int | float) else None
     scope_part = canonical_json([scope.tenant, scope.model, scope.namespace, endpoint])
@@ -121,37 +129,21 @@ def build_request(
         )
         params = _canonical_params(body, "messages")
         exact = canonical_json({"messages": messages, "params": params})
-        query: str | None = None
         context_messages: list[Any] = messages
-        last = messages[-1] if messages else None
-        if (
-            isinstance(last, Mapping)
-            and last.get("role") == "user"
-            and set(last)
-            <= {
-                "role",
-                "content",
-                "name",
-            }
-        ):
-            query = _content_text(last.get("content"))
-            if query is not None:
-                context_messages = [*messages[:-1], {**last, "content": None}]
+        if query_text is not None and messages and isinstance(messages[-1], Mapping):
+            context_messages = [*messages[:-1], {**messages[-1], "content": None}]
         context = canonical_json({"messages": context_messages, "params": params})
     else:
         params = _canonical_params(body, "prompt")
         prompt = body.get("prompt")
         exact = canonical_json({"prompt": prompt, "params": params})
-        query = prompt if isinstance(prompt, str) else None
         context = canonical_json(
-            {"prompt": None if query is not None else prompt, "params": params}
+            {"prompt": None if query_text is not None else prompt, "params": params}
         )
-    if query is not None and not query.strip():
-        query = None
     return CacheRequest(
         scope=scope,
         exact_key=_digest(scope_part + "\x00" + exact),
         context_key=_digest(scope_part + "\x00" + context),
-        query_text=query,
+        query_text=query_text,
         temperature=temp,
     )

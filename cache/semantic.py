@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class CacheHit:
     kind: Literal["exact", "semantic"]
-    response: bytes  # the stored OpenAI response JSON (see cache.replay)
+    response: bytes  # the stored OpenAI response JSON (replayed by gateway.stages.cache)
     similarity: float | None = None
     verifier_score: float | None = None
 
@@ -235,6 +235,7 @@ class ResponseCache:
         surface: str,
         endpoint: Endpoint = "chat/completions",
         cache_control: str | None = None,
+        query_text: str | None = None,
     ) -> CachePlan:
         if policy is None or not policy.enabled:
             return CachePlan(None, False, False)
@@ -248,7 +249,7 @@ class ResponseCache:
         if not (lookup or fill):
             return CachePlan(None, False, False)
         scope = CacheScope(tenant, model_alias, policy.namespace or surface)
-        return CachePlan(build_request(body, scope, endpoint), lookup, fill)
+        return CachePlan(build_request(body, scope, endpoint, query_text), lookup, fill)
 
     async def lookup(
         self, plan: CachePlan, policy: CachePolicy, embedding: Vector | None

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from policies.loader import PolicyError, load_policy
+from policies.loader import PolicyError, load_policy, read_policy
 from policies.schema import Policy
 
 log = logging.getLogger("llm_gateway")
@@ -73,8 +73,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    """Validate the file, then load what it names (artifacts, tokenizers) as serving would."""
+    from gateway.runtime import prepare
+
     try:
-        policy = load_policy(args.policy)
+        policy, source = read_policy(args.policy)
+        prepare(policy, source)
     except PolicyError as exc:
         print(f"{args.policy}: invalid policy ({len(exc.issues)} problem(s))", file=sys.stderr)
         for issue in exc.issues:
@@ -97,10 +101,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     _logging(args.log_level)
     try:
         policy = load_policy(args.policy)
+        run_server(policy, args.policy, args.host, args.port)
     except PolicyError as exc:
         print(f"{args.policy}: invalid policy, not starting:\n{exc}", file=sys.stderr)
         return 1
-    run_server(policy, args.policy, args.host, args.port)
     return 0
 
 
@@ -111,7 +115,11 @@ def run_server(
     port: int,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve until SIGINT or SIGTERM; SIGHUP reloads the policy file."""
+    """Serve until SIGINT or SIGTERM; SIGHUP reloads the policy file.
+
+    Raises ``PolicyError`` when the policy's runtime cannot be built (a file it names is
+    missing or invalid).
+    """
     import uvloop
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -125,9 +133,11 @@ async def _serve(
     port: int,
     on_ready: Callable[[str], None] | None,
 ) -> None:
-    from gateway.app import GATEWAY, create_app
+    from gateway.app import create_app
+    from gateway.keys import LIVE
 
-    app = create_app(policy, str(policy_path), policy_path)
+    _, source = read_policy(policy_path)
+    app = create_app(policy, source, policy_path)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096)
@@ -143,7 +153,7 @@ async def _serve(
 
     async def reload() -> None:
         try:
-            await app[GATEWAY].reload()
+            await app[LIVE].reload()
         except PolicyError as exc:
             log.error("policy reload rejected; still running the previous policy:\n%s", exc)
 

@@ -1,38 +1,40 @@
 """The request's way through the gateway, in order, in one place.
 
 ``Orchestrator.handle`` is the only function that knows the order of the stages; each stage is
-a plain call with typed inputs and outputs owned by its package.
+a method below with typed inputs and outputs, backed by its package (``gateway.stages``,
+``gateway.upstream``, ``routing``, ``cache``). Every answer, whatever produced it, leaves
+through the one relay path (``gateway.upstream.relay``) with the same ``RelayPlan``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 from multidict import CIMultiDict
 
+from gateway.call import Call, UserQuery
 from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, Unavailable
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import RequestTiming, SloTracker
 from gateway.observability.summary import ResponseSummary, StreamSummarizer, summarize_body
-from gateway.observability.tracing import RequestSpan, Telemetry
-from gateway.protocol.openai import Endpoint, ParsedRequest, parse_request
-from gateway.runtime import Runtime, SurfacePlan
-from gateway.stages.cache import CacheStage, QueryEmbedding, StreamCapture, last_user_text, replay
-from gateway.stages.tiers import TierChoice, TierStage
-from gateway.upstream.attempts import Attempt, AttemptOpener, OpenRequest
-from gateway.upstream.client import FORWARDED_HEADERS, UpstreamClient
-from gateway.upstream.relay import RelayResult, StreamPlan, relay_body, relay_stream
-from routing.admission import AdmissionRejected, Ticket
+from gateway.observability.tracing import RequestSpan
+from gateway.protocol.openai import Endpoint, parse_request
+from gateway.runtime import Destination, Runtime
+from gateway.stages.cache import Lookup, StreamCapture, cache_headers, replayed, storable
+from gateway.upstream.attempts import Attempt, AttemptOpener
+from gateway.upstream.client import FORWARDED_HEADERS
+from gateway.upstream.relay import Relayed, RelayPlan, relay, send_answer
+from routing.admission import AdmissionRejected
 from routing.latency import queue_of
-from routing.pool import BackendPool
 
-if TYPE_CHECKING:
-    from cache.semantic import CacheHit, CachePlan
+if TYPE_CHECKING:  # the tier stage imports numpy: loaded only for policies with tiers
+    from gateway.stages.tiers import TierChoice
 
 # Keys under which the orchestrator leaves labels for the metrics middleware.
 LABELS_KEY = web.RequestKey("llm_gateway.labels", tuple[str, str, str])
@@ -46,238 +48,262 @@ _OPERATION = {
 
 
 class Orchestrator:
-    def __init__(
-        self,
-        client: UpstreamClient,
-        metrics: GatewayMetrics,
-        telemetry: Telemetry,
-        slo: SloTracker,
-        cache: CacheStage | None = None,
-    ) -> None:
-        self.opener = AttemptOpener(client, metrics)
-        self.tiers = TierStage(self.opener, metrics)
+    def __init__(self, metrics: GatewayMetrics, slo: SloTracker) -> None:
         self.metrics = metrics
-        self.telemetry = telemetry
         self.slo = slo
-        self.cache = cache
-        self.embedder = cache.embedder if cache is not None else None
+        self.opener = AttemptOpener(metrics)
 
     async def handle(
         self, request: web.Request, rt: Runtime, endpoint: Endpoint
     ) -> web.StreamResponse:
+        call = await self.accept(request, rt, endpoint)  # who, what, which surface
+        async with self.outcome(call) as done:
+            targets = rt.targets(call.parsed.model)  # an unknown model ends here (404)
+            lookup = await self.look_up(call)  # exact, then semantic cache
+            if lookup.hit is not None:
+                return done(await self.serve_cached(call, lookup))
+            tier = await self.choose_tier(call)  # tiered aliases: small or large, or cascade
+            targets = tier.targets if tier is not None else targets
+            async with self.admitted(call, targets[0]):  # priority admission
+                if tier is not None and tier.cascade:
+                    served = await self.serve_cascade(call, tier, lookup)
+                else:
+                    served = await self.serve_direct(call, targets, tier, lookup)
+            self.record(call, served)  # latency per replica, the surface's SLO, the span
+            self.fill_cache(call, lookup, served)  # in the background, complete answers only
+            return done(served.relayed)
+
+    # --- 1. who, what, which surface ----------------------------------------------------------
+
+    async def accept(self, request: web.Request, rt: Runtime, endpoint: Endpoint) -> Call:
         started = time.perf_counter()
-        # 1. who is calling
         tenant = rt.authenticate(request.headers.get("Authorization"))
-        # 2. what they ask for (parsed once; the bytes are forwarded untouched)
         parsed = parse_request(endpoint, await read_body(request, rt.max_body_bytes))
         request[LABELS_KEY] = (parsed.model, "", "")
-        # 3. which surface, hence which budget, priority and actions
         plan = rt.surface_for(tenant, request.headers.get(rt.surface_header))
-        span = self.telemetry.start_request(
+        span = rt.telemetry.start_request(
             operation=_OPERATION[endpoint],
             request_model=parsed.model,
             headers=request.headers,
             body=parsed.body,
         )
-        span.decision(_plan_attributes(tenant, plan))
+        span.decision(
+            {
+                "tenant": tenant,
+                "surface": plan.name,
+                "priority": plan.priority,
+                "budget.ttft_ms": plan.budget.ttft_ms,
+                "budget.itl_ms": plan.budget.itl_ms,
+                "budget.total_ms": plan.budget.total_ms,
+            }
+        )
+        total_ms = plan.budget.total_ms
+        session = request.headers.get("x-session-id") or parsed.body.get("user")
+        return Call(
+            request=request,
+            rt=rt,
+            tenant=tenant,
+            parsed=parsed,
+            plan=plan,
+            span=span,
+            started=started,
+            deadline=started + total_ms / 1000 if plan.actions.deadline and total_ms else None,
+            headers=_upstream_headers(request),
+            query=UserQuery(rt.embedder, parsed.user_text),
+            session_key=session if isinstance(session, str) else None,
+        )
+
+    @asynccontextmanager
+    async def outcome(self, call: Call) -> AsyncIterator[Callable[[Relayed], web.StreamResponse]]:
+        """Ends the request's span with its status; a failure counts against the surface's SLO."""
         status = 500
         error_type: str | None = None
+
+        def done(served: Relayed) -> web.StreamResponse:
+            nonlocal status
+            status = served.result.status
+            call.request[STATUS_KEY] = status
+            return served.response
+
         try:
-            # 4. which backends may serve the model: the primary, then its fallbacks
-            targets = rt.targets(parsed.model)
-            query = QueryEmbedding(self.embedder, last_user_text(parsed))
-            # 5. cache: exact, then semantic; a hit is replayed and the request ends here
-            cache_plan = None
-            if self.cache is not None and plan.cache is not None and endpoint.generates:
-                cache_plan = self.cache.plan(request, parsed, plan.cache, tenant, plan.name)
-                with span.child("gateway.cache.lookup"):
-                    hit = await self.cache.lookup(cache_plan, plan.cache, query)
-                span.decision(_cache_attributes(hit, cache_plan.request is not None))
-                if hit is not None:
-                    status = 200
-                    request[STATUS_KEY] = status
-                    self.slo.observe(plan.name, RequestTiming(_ms_since(started)))
-                    return await replay(request, parsed, hit, {"x-gateway-surface": plan.name})
-            # 6. tiered aliases: the small or the large tier by difficulty, or a cascade
-            tier = None
-            tiered = rt.tiered(parsed.model)
-            if tiered is not None and not endpoint.generates:
-                raise BadRequest(
-                    f"model '{parsed.model}' is a tiered alias for chat and completions; "
-                    "embeddings need a model served by one backend",
-                    param="model",
-                )
-            if tiered is not None:
-                tier = await self.tiers.choose(rt, parsed, tiered, query)
-                targets = tier.targets
-                span.decision(_tier_attributes(tier))
-            # 7. admission: wait in priority order while the pool is saturated
-            ticket = await self.admit(targets[0].pool, plan, started, span)
-            try:
-                open_req = _open_request(request, parsed, tenant, plan, span, started)
-                capture = StreamCapture() if _fills(cache_plan) and parsed.stream else None
-                if tier is not None and tier.cascade:
-                    # 8-9. small tier first, held to the commit point, kept or escalated
-                    outcome = await self.tiers.cascade(
-                        request, rt, open_req, tier, _tier_headers(plan, tier)
-                    )
-                    attempt, response, result = outcome.attempt, outcome.response, outcome.result
-                    _label(request, parsed, attempt)
-                    attempt.guard.release()
-                    attempt.span.end("ok" if result.status < 400 else "error")
-                    if outcome.verdict is not None:
-                        span.decision(
-                            {
-                                "cascade.escalated": outcome.verdict.escalate,
-                                "cascade.reason": outcome.verdict.reason,
-                                "cascade.score": round(outcome.verdict.score, 4),
-                            }
-                        )
-                else:
-                    # 8. choose a replica and open the upstream (retries, fallbacks, hedging)
-                    attempt = await self.opener.open(rt, open_req, targets)
-                    _label(request, parsed, attempt)  # known now, should the client leave
-                    # 9. relay the answer as it arrives
-                    response, result = await self.relay(
-                        request,
-                        parsed,
-                        plan,
-                        attempt,
-                        span,
-                        open_req.deadline,
-                        capture,
-                        _tier_headers(plan, tier) if tier is not None else None,
-                    )
-            finally:
-                if ticket is not None:
-                    ticket.release()
-            status = result.status
-            request[STATUS_KEY] = status
-            # 10. record: latency per replica, the surface's SLO, the span's outcome
-            self.record(rt, plan, attempt, result, started, span, parsed.model)
-            # 11. cache fill, in the background, of a complete and successful answer
-            if result.status == 200 and not result.deadline_hit:
-                self.fill_cache(plan, cache_plan, capture, result, query)
-            return response
+            yield done
         except GatewayError as exc:
             status = exc.status
             if status >= 500:  # a client's error (4xx) is not the server span's error
                 error_type = exc.code or exc.type
             raise
         except asyncio.CancelledError:
-            status = 499  # the client went away (handler cancellation): not the server's failure
+            status = 499  # the client went away: not the server's failure
             raise
         finally:
-            if status >= 500 and status != 499 and not _recorded(request):
-                self.slo.observe(plan.name, RequestTiming(_ms_since(started), ok=False))
-            span.end(status, error_type)
+            if status >= 500 and status != 499 and STATUS_KEY not in call.request:
+                self.slo.observe(call.plan.name, RequestTiming(_ms_since(call.started), ok=False))
+            call.span.end(status, error_type)
 
-    def fill_cache(
-        self,
-        plan: SurfacePlan,
-        cache_plan: CachePlan | None,
-        capture: StreamCapture | None,
-        result: RelayResult,
-        query: QueryEmbedding,
-    ) -> None:
-        if self.cache is None or plan.cache is None or cache_plan is None:
-            return
-        answer = capture.assembled if capture is not None else _storable(result.body)
-        self.cache.fill_later(cache_plan, plan.cache, answer, query)
+    # --- 2. cache --------------------------------------------------------------------------
 
-    async def admit(
-        self, pool: BackendPool, plan: SurfacePlan, started: float, span: RequestSpan
-    ) -> Ticket | None:
-        if not plan.actions.admission or pool.admission is None:
+    async def look_up(self, call: Call) -> Lookup:
+        cache, policy = call.rt.cache, call.plan.cache
+        if cache is None or policy is None or not call.parsed.endpoint.generates:
+            return Lookup(None)
+        with call.span.child("gateway.cache.lookup"):
+            lookup = await cache.lookup(call, policy)
+        involved = lookup.plan is not None and lookup.plan.request is not None
+        hit = lookup.hit
+        if not involved:
+            call.span.decision({"cache": "skipped"})
+        elif hit is None:
+            call.span.decision({"cache": "miss"})
+        else:
+            call.span.decision({"cache": hit.kind, "cache.similarity": hit.similarity})
+        return lookup
+
+    async def serve_cached(self, call: Call, lookup: Lookup) -> Relayed:
+        assert lookup.hit is not None  # the caller's branch
+        self.slo.observe(call.plan.name, RequestTiming(_ms_since(call.started)))
+        plan = self.relay_plan(call, cache_headers(lookup.hit), Watch(), None)
+        return await send_answer(call.request, replayed(lookup.hit, call.parsed.model), plan)
+
+    # --- 3. tier ---------------------------------------------------------------------------
+
+    async def choose_tier(self, call: Call) -> TierChoice | None:
+        config = call.rt.tiered(call.parsed.model)
+        if config is None:
             return None
+        if not call.parsed.endpoint.generates:
+            raise BadRequest(
+                f"model '{call.parsed.model}' is a tiered alias for chat and completions; "
+                "embeddings need a model served by one backend",
+                param="model",
+            )
+        tiers = call.rt.tiers
+        if tiers is None:  # prepare() builds the stage for every policy with a tiered alias
+            raise Unavailable("the tier router is not loaded", code="tiers_unavailable")
+        tier = await tiers.choose(call, config)
+        if not tier.cascade:
+            self.metrics.tiers.labels(call.parsed.model, "route", tier.name).inc()
+        call.span.decision(
+            {
+                "tier": tier.name,
+                "tier.mode": tier.config.mode,
+                "tier.difficulty": round(tier.score, 4),
+                "tier.threshold": round(tier.threshold, 4),
+            }
+        )
+        return tier
+
+    # --- 4. admission -----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def admitted(self, call: Call, target: Destination) -> AsyncIterator[None]:
+        """Wait in priority order while the target's pool is saturated."""
+        queue, plan = target.pool.admission, call.plan
+        if not plan.actions.admission or queue is None:
+            yield
+            return
         budget_ms = plan.budget.ttft_ms or plan.budget.total_ms
-        max_wait = None if budget_ms is None else budget_ms / 1000 - (time.perf_counter() - started)
+        max_wait = (
+            None if budget_ms is None else budget_ms / 1000 - (time.perf_counter() - call.started)
+        )
         try:
-            ticket = await pool.admission.acquire(plan.priority, max_wait)
+            ticket = await queue.acquire(plan.priority, max_wait)
         except AdmissionRejected as exc:
-            span.decision({"admission": exc.reason})
+            call.span.decision({"admission": exc.reason})
             raise Unavailable(
                 str(exc), code=exc.reason, headers={"Retry-After": str(exc.retry_after_s)}
             ) from exc
         if ticket.waited_s:
-            span.decision({"admission.waited_ms": round(ticket.waited_s * 1000, 2)})
-        return ticket
-
-    async def relay(
-        self,
-        request: web.Request,
-        parsed: ParsedRequest,
-        plan: SurfacePlan,
-        attempt: Attempt,
-        span: RequestSpan,
-        deadline: float | None,
-        capture: StreamCapture | None = None,
-        more_headers: dict[str, str] | None = None,
-    ) -> tuple[web.StreamResponse, RelayResult]:
-        pool, replica = attempt.target.pool, attempt.decision.replica
-        extra = {
-            **(more_headers or {}),
-            "x-gateway-replica": f"{pool.name}/{replica.name}",
-            "x-gateway-route-reason": attempt.decision.reason,
-            "x-gateway-prefix-match": str(attempt.decision.matched_prefix),
-            "x-gateway-surface": plan.name,
-        }
-        if attempt.hedged:
-            extra["x-gateway-hedge"] = attempt.winner
-        if plan.cache is not None and self.cache is not None and parsed.endpoint.generates:
-            extra["x-gateway-cache"] = "miss"
-        upstream = attempt.response
-        ok = False
-        response: web.StreamResponse
+            call.span.decision({"admission.waited_ms": round(ticket.waited_s * 1000, 2)})
         try:
-            if not (parsed.stream and upstream.status == 200):
-                response, result = await relay_body(upstream, extra)
-            else:
-                summarizer = StreamSummarizer() if span.recording else None
-                stream_plan = StreamPlan(
-                    first=attempt.first,
-                    first_at=attempt.first_at,
-                    deadline=deadline,
-                    chat=parsed.endpoint is Endpoint.CHAT,
-                    on_read=_readers(summarizer, capture),
-                    on_gap=self.metrics.itl_child(parsed.model, pool.name, replica.name).observe,
-                )
-                response, result = await relay_stream(request, upstream, extra, stream_plan)
-                if summarizer is not None:
-                    _span_response(span, summarizer.summary, replica.base_url)
-            ok = result.status < 400
-            return response, result
+            yield
         finally:
-            attempt.guard.release()
-            attempt.span.end("won" if attempt.hedged and ok else ("ok" if ok else "error"))
-            pool.router.on_complete(attempt.decision, attempt.routing, ok)
+            ticket.release()
 
-    def record(
-        self,
-        rt: Runtime,
-        plan: SurfacePlan,
-        attempt: Attempt,
-        result: RelayResult,
-        started: float,
-        span: RequestSpan,
-        model: str,
-    ) -> None:
+    # --- 5. upstream and relay ---------------------------------------------------------------
+
+    async def serve_direct(
+        self, call: Call, targets: list[Destination], tier: TierChoice | None, lookup: Lookup
+    ) -> Served:
+        """Choose a replica, open the upstream (retries, fallbacks, hedging), relay the answer."""
+        attempt = await self.opener.open(call, targets)
+        _label(call, attempt)  # known now, should the client leave
+        watch = Watch.of(call, lookup)
+        headers = {**_attempt_headers(attempt), **(tier.headers() if tier else {})}
+        plan = self.relay_plan(call, headers, watch, attempt)
+        return Served(await relay(call.request, attempt, plan), watch)
+
+    async def serve_cascade(self, call: Call, tier: TierChoice, lookup: Lookup) -> Served:
+        """The small tier first, held to the commit point, then kept or escalated."""
+        tiers = call.rt.tiers
+        assert tiers is not None  # choose_tier returned a choice only with the stage loaded
+        out = await tiers.cascade(call, tier, self.opener)
+        verdict = out.verdict
+        outcome = "escalated" if verdict.escalate else "kept"
+        self.metrics.tiers.labels(call.parsed.model, "cascade", outcome).inc()
+        call.span.decision(
+            {
+                "cascade.escalated": verdict.escalate,
+                "cascade.reason": verdict.reason,
+                "cascade.score": round(verdict.score, 4),
+            }
+        )
+        attempt = out.attempt
+        _label(call, attempt)
+        watch = Watch.of(call, lookup)
+        headers = {**_attempt_headers(attempt), **tier.headers(), **out.headers}
+        plan = self.relay_plan(call, headers, watch, attempt)
+        if out.held is not None:
+            return Served(await send_answer(call.request, out.held, plan, attempt), watch)
+        return Served(await relay(call.request, attempt, plan), watch)
+
+    def relay_plan(
+        self, call: Call, headers: dict[str, str], watch: Watch, attempt: Attempt | None
+    ) -> RelayPlan:
+        """How this request's answer goes back: the deadline and who watches the bytes."""
+        parsed = call.parsed
+        headers = {**headers, "x-gateway-surface": call.plan.name}
+        if call.rt.cache is not None and call.plan.cache is not None and parsed.endpoint.generates:
+            headers.setdefault("x-gateway-cache", "miss")
+        on_gap = None
+        if attempt is not None and parsed.stream:
+            pool, replica = attempt.target.pool.name, attempt.decision.replica.name
+            on_gap = self.metrics.itl_child(parsed.model, pool, replica).observe
+        return RelayPlan(
+            stream=parsed.stream,
+            chat=parsed.endpoint is Endpoint.CHAT,
+            include_usage=call.include_usage,
+            deadline=call.deadline,
+            headers=headers,
+            watchers=watch.feeders(),
+            on_gap=on_gap,
+        )
+
+    # --- 6. after the answer -----------------------------------------------------------------
+
+    def record(self, call: Call, served: Served) -> None:
+        """Latency per replica, the surface's SLO and budget breaches, the span's response."""
+        result, attempt = served.relayed.result, served.relayed.attempt
+        assert attempt is not None  # live or held answers come from an attempt
+        span, plan, model = call.span, call.plan, call.parsed.model
         replica = attempt.decision.replica
         key = replica.base_url
         ttft_ms = None
         if result.first_at is not None:
-            ttft_ms = (result.first_at - started) * 1000
+            ttft_ms = (result.first_at - call.started) * 1000
             pool_name = attempt.target.pool.name
             self.metrics.ttft_child(model, pool_name, replica.name).observe(ttft_ms / 1000)
-            rt.latency.observe_ttft(
-                key, (result.first_at - attempt.opened_at) * 1000, queue=queue_of(replica)
-            )
+            if result.live:  # a held answer's first chunk says nothing of the replica's TTFT
+                call.rt.latency.observe_ttft(
+                    key, (result.first_at - attempt.opened_at) * 1000, queue=queue_of(replica)
+                )
             span.first_token(ttft_ms)
         itl_ms = result.mean_gap_ms()
         if itl_ms is not None:
-            rt.latency.observe_itl(key, itl_ms)
+            call.rt.latency.observe_itl(key, itl_ms)
         if result.body is not None:
             _span_response(span, summarize_body(result.body), key)
+        elif served.watch.summary is not None:
+            _span_response(span, served.watch.summary.summary, key)
         if result.deadline_hit:
             self.metrics.deadlines.labels(plan.name).inc()
         span.decision(
@@ -293,7 +319,7 @@ class Orchestrator:
         )
         if 400 <= result.status < 500:
             return  # the client's error: not the surface's latency
-        timing = RequestTiming(_ms_since(started), ttft_ms, itl_ms, ok=result.status < 500)
+        timing = RequestTiming(_ms_since(call.started), ttft_ms, itl_ms, ok=result.status < 500)
         verdict = self.slo.observe(plan.name, timing)
         budget = plan.budget
         if budget.ttft_ms is not None and ttft_ms is not None:
@@ -305,106 +331,57 @@ class Orchestrator:
         if verdict.total and budget.total_ms is not None:
             span.budget_breach("total", budget.total_ms, timing.total_ms)
 
+    def fill_cache(self, call: Call, lookup: Lookup, served: Served) -> None:
+        result = served.relayed.result
+        cache, policy = call.rt.cache, call.plan.cache
+        if cache is None or policy is None or result.status != 200 or result.deadline_hit:
+            return
+        capture = served.watch.capture
+        answer = capture.assembled if capture is not None else storable(result.body)
+        cache.fill_later(call, lookup, policy, answer)
 
-def _label(request: web.Request, parsed: ParsedRequest, attempt: Attempt) -> None:
+
+@dataclass(slots=True)
+class Watch:
+    """Who reads a streamed answer as it is sent: the span's summary, the cache's capture."""
+
+    summary: StreamSummarizer | None = None
+    capture: StreamCapture | None = None
+
+    @classmethod
+    def of(cls, call: Call, lookup: Lookup) -> Watch:
+        if not call.parsed.stream:
+            return cls()
+        return cls(
+            StreamSummarizer() if call.span.recording else None,
+            StreamCapture() if lookup.fills else None,
+        )
+
+    def feeders(self) -> tuple[Callable[[bytes], None], ...]:
+        return tuple(w.feed for w in (self.summary, self.capture) if w is not None)
+
+
+@dataclass(slots=True)
+class Served:
+    relayed: Relayed
+    watch: Watch
+
+
+def _label(call: Call, attempt: Attempt) -> None:
     """The request's metric labels: the model asked for, the backend and replica serving it."""
-    request[LABELS_KEY] = (parsed.model, attempt.target.pool.name, attempt.decision.replica.name)
+    pool, replica = attempt.target.pool.name, attempt.decision.replica.name
+    call.request[LABELS_KEY] = (call.parsed.model, pool, replica)
 
 
-def _tier_headers(plan: SurfacePlan, tier: TierChoice) -> dict[str, str]:
-    return {
-        "x-gateway-surface": plan.name,
-        "x-gateway-tier": tier.name,
-        "x-gateway-difficulty": f"{tier.score:.4f}",
+def _attempt_headers(attempt: Attempt) -> dict[str, str]:
+    headers = {
+        "x-gateway-replica": f"{attempt.target.pool.name}/{attempt.decision.replica.name}",
+        "x-gateway-route-reason": attempt.decision.reason,
+        "x-gateway-prefix-match": str(attempt.decision.matched_prefix),
     }
-
-
-def _tier_attributes(tier: TierChoice) -> dict[str, str | float | None]:
-    return {
-        "tier": tier.name,
-        "tier.mode": tier.config.mode,
-        "tier.difficulty": round(tier.score, 4),
-        "tier.threshold": round(tier.threshold, 4),
-    }
-
-
-def _fills(plan: CachePlan | None) -> bool:
-    return plan is not None and plan.request is not None and plan.fill
-
-
-def _storable(body: bytes | None) -> Callable[[], bytes | None]:
-    def check() -> bytes | None:
-        from cache.replay import is_storable
-
-        if body is None:
-            return None
-        try:
-            data = json.loads(body)
-        except ValueError:
-            return None
-        return body if isinstance(data, dict) and is_storable(data) else None
-
-    return check
-
-
-def _readers(
-    summarizer: StreamSummarizer | None, capture: StreamCapture | None
-) -> Callable[[bytes], None] | None:
-    if summarizer is None and capture is None:
-        return None
-    if capture is None:
-        assert summarizer is not None
-        return summarizer.feed
-    if summarizer is None:
-        return capture.feed
-
-    def both(data: bytes) -> None:
-        summarizer.feed(data)
-        capture.feed(data)
-
-    return both
-
-
-def _cache_attributes(hit: CacheHit | None, involved: bool) -> dict[str, str | float | None]:
-    if not involved:
-        return {"cache": "skipped"}
-    if hit is None:
-        return {"cache": "miss"}
-    return {"cache": hit.kind, "cache.similarity": hit.similarity}
-
-
-def _open_request(
-    request: web.Request,
-    parsed: ParsedRequest,
-    tenant: str,
-    plan: SurfacePlan,
-    span: RequestSpan,
-    started: float,
-) -> OpenRequest:
-    session = request.headers.get("x-session-id") or parsed.body.get("user")
-    total_ms = plan.budget.total_ms
-    deadline = started + total_ms / 1000 if plan.actions.deadline and total_ms else None
-    return OpenRequest(
-        parsed=parsed,
-        tenant=tenant,
-        plan=plan,
-        span=span,
-        started=started,
-        deadline=deadline,
-        headers=_upstream_headers(request),
-        session_key=session if isinstance(session, str) else None,
-    )
-
-
-def _plan_attributes(tenant: str, plan: SurfacePlan) -> dict[str, str | float | None]:
-    return {
-        "tenant": tenant,
-        "surface": plan.name,
-        "priority": plan.priority,
-        "budget.ttft_ms": plan.budget.ttft_ms,
-        "budget.itl_ms": plan.budget.itl_ms,
-        "budget.total_ms": plan.budget.total_ms,
-    }
+    if attempt.hedged:
+        headers["x-gateway-hedge"] = attempt.winner
+    return headers
 
 
 def _span_response(span: RequestSpan, summary: ResponseSummary, server_url: str) -> None:
@@ -416,10 +393,6 @@ def _span_response(span: RequestSpan, summary: ResponseSummary, server_url: str)
         finish_reasons=summary.finish_reasons,
         server_url=server_url,
     )
-
-
-def _recorded(request: web.Request) -> bool:
-    return STATUS_KEY in request
 
 
 def _ms_since(started: float) -> float:

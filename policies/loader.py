@@ -45,17 +45,41 @@ def format_path(path: KeyPath) -> str:
     return out
 
 
+@dataclass(frozen=True)
+class PolicySource:
+    """Where a policy came from, to name the file and line of problems found after loading."""
+
+    file: str
+    doc: SourceDoc | None = None
+
+    def issue(self, path: KeyPath, message: str) -> PolicyIssue:
+        return PolicyIssue(self.file, self.doc.line_of(path) if self.doc else None, path, message)
+
+
 def load_policy(path: str | Path, env: Mapping[str, str] | None = None) -> Policy:
     """Read and validate ``path``; raises ``PolicyError`` (never a partial policy)."""
+    return read_policy(path, env)[0]
+
+
+def read_policy(
+    path: str | Path, env: Mapping[str, str] | None = None
+) -> tuple[Policy, PolicySource]:
+    """``load_policy``, and the source that locates later problems in the file."""
     file = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError([PolicyIssue(file, None, (), f"cannot read: {exc.strerror}")]) from exc
-    return parse_policy(text, file, env)
+    return parse_policy_source(text, file, env)
 
 
 def parse_policy(text: str, file: str = "<policy>", env: Mapping[str, str] | None = None) -> Policy:
+    return parse_policy_source(text, file, env)[0]
+
+
+def parse_policy_source(
+    text: str, file: str = "<policy>", env: Mapping[str, str] | None = None
+) -> tuple[Policy, PolicySource]:
     env = os.environ if env is None else env
     doc = parse_yaml(text, env)
     issues = [PolicyIssue(file, i.line, i.path, i.message) for i in doc.issues]
@@ -70,7 +94,7 @@ def parse_policy(text: str, file: str = "<policy>", env: Mapping[str, str] | Non
     issues = [PolicyIssue(file, doc.line_of(p), p, m) for p, m in cross_check(policy, doc, env)]
     if issues:
         raise PolicyError(issues)
-    return policy
+    return policy, PolicySource(file, doc)
 
 
 def _from_validation(exc: ValidationError, doc: SourceDoc, file: str) -> list[PolicyIssue]:

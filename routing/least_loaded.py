@@ -27,9 +27,6 @@ class LeastLoadedRouter:
         assert best is not None
         return RoutingDecision(replica=best, reason="least_loaded")
 
-    def on_complete(self, decision: RoutingDecision, request: RoutingRequest, ok: bool) -> None:
-        return None
-
 
 class RoundRobinRouter:
     def __init__(self) -> None:
@@ -42,6 +39,3 @@ class RoundRobinRouter:
             return None
         self._turn += 1
         return RoutingDecision(replica=replicas[self._turn % len(replicas)], reason="round_robin")
-
-    def on_complete(self, decision: RoutingDecision, request: RoutingRequest, ok: bool) -> None:
-        return None

@@ -1,5 +1,10 @@
 """A backend's pool of replicas: health checks, model discovery, and the router that chooses.
 
+The pool owns the HTTP session its requests, checks and scrapes go through, with at most
+``max_connections`` open connections per replica (the connector's per-host limit). A pool a
+reload drops is stopped at once but its session closes only when its last request has ended
+(or after ``drain_s``), so answers in flight are not cut.
+
 Active checks (``GET /health`` on vLLM replicas) run every ``health.interval_s`` and decide
 health on their own: a failed check takes a replica out, a passing one brings it back. Passive
 ejection (consecutive connect errors or 5xx from proxied requests) is recorded on the
@@ -29,7 +34,7 @@ log = logging.getLogger("llm_gateway.pool")
 @dataclass(frozen=True)
 class PoolSettings:
     name: str
-    kind: str  # "vllm" | "openai"
+    kind: str  # "vllm" | "openai" | "anthropic"
     base_urls: tuple[str, ...]
     api_key: str | None
     active_health: bool
@@ -38,6 +43,7 @@ class PoolSettings:
     eject_after: int
     cooldown_s: float
     discover_models: bool
+    max_connections: int = 1000  # per replica
 
 
 @dataclass(eq=False)
@@ -52,6 +58,7 @@ class BackendPool:
     _task: asyncio.Task[None] | None = None
     _session: aiohttp.ClientSession | None = None
     _scraper: MetricsScraper | None = None
+    _router_running: bool = False
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -79,8 +86,18 @@ class BackendPool:
         key = self.settings.api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    async def start(self, session: aiohttp.ClientSession) -> None:
-        """First health round and model discovery, then the periodic loop in the background."""
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError(f"backend {self.name} is not started")
+        return self._session
+
+    async def start(self) -> None:
+        """Open the session; first health round and model discovery, then the periodic loop."""
+        connector = aiohttp.TCPConnector(
+            limit=0, limit_per_host=self.settings.max_connections, keepalive_timeout=30
+        )
+        session = aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=False)
         self._session = session
         await self.refresh()
         self._task = asyncio.create_task(self._loop(), name=f"pool-{self.name}")
@@ -102,8 +119,10 @@ class BackendPool:
             await self._scraper.start()
         if isinstance(self.router, BackgroundRouter):
             await self.router.start(self.replicas)
+            self._router_running = True
 
-    async def stop(self) -> None:
+    async def stop(self, drain_s: float = 0.0) -> None:
+        """Stop the loops; close the session once no request is in flight (at most ``drain_s``)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -112,8 +131,16 @@ class BackendPool:
         if self._scraper is not None:
             await self._scraper.stop()
             self._scraper = None
-        if isinstance(self.router, BackgroundRouter):
+        if self._router_running and isinstance(self.router, BackgroundRouter):
+            self._router_running = False
             await self.router.stop()
+        waited = 0.0
+        while waited < drain_s and any(r.outstanding for r in self.replicas):
+            await asyncio.sleep(0.5)
+            waited += 0.5
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def refresh(self) -> None:
         if self.settings.active_health:
@@ -130,10 +157,9 @@ class BackendPool:
                 log.exception("health round failed for backend %s", self.name)
 
     async def _check(self, replica: Replica) -> None:
-        assert self._session is not None
         timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout_s)
         try:
-            async with self._session.get(
+            async with self.session.get(
                 replica.root_url + "/health", timeout=timeout, headers=self.auth_headers()
             ) as resp:
                 ok = resp.status == 200
@@ -149,13 +175,12 @@ class BackendPool:
             replica.mark_down(reason)
 
     async def _discover(self) -> None:
-        assert self._session is not None
         timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout_s)
         for replica in self.replicas:
             if not replica.healthy and self.settings.active_health:
                 continue
             try:
-                async with self._session.get(
+                async with self.session.get(
                     replica.base_url + "/models", timeout=timeout, headers=self.auth_headers()
                 ) as resp:
                     if resp.status != 200:

@@ -264,21 +264,11 @@ class PrefixAwareRouter:
         chosen = replicas[i]
         probe.record(chosen)
         self.work.add(chosen.name, (probe.total(chosen) - matches[i]) * probe.unit_size)
-        mean = sum(view.loads) / len(view.loads)
         return RoutingDecision(
             replica=chosen,
             reason=reason,
             matched_prefix=matches[i] * probe.unit_size,
-            details={
-                "best_match": best * probe.unit_size,
-                "load": view.loads[i],
-                "mean_load": round(mean, 3),
-                "candidates": len(replicas),
-            },
         )
-
-    def on_complete(self, decision: RoutingDecision, request: RoutingRequest, ok: bool) -> None:
-        return None
 
 
 class ApproximatePrefixRouter(PrefixAwareRouter):

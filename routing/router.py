@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from routing.replica import Replica
@@ -24,7 +24,6 @@ class RoutingDecision:
     replica: Replica
     reason: str  # "least_loaded", "prefix", "load", "cold", "round_robin", "session", ...
     matched_prefix: int = 0  # prefix length matched (characters or tokens, strategy-specific)
-    details: dict[str, float | int | str] = field(default_factory=dict)
 
 
 class Router(Protocol):
@@ -32,8 +31,4 @@ class Router(Protocol):
         self, replicas: Sequence[Replica], request: RoutingRequest
     ) -> RoutingDecision | None:
         """Pick one of ``replicas`` (already filtered to available ones), or None if empty."""
-        ...
-
-    def on_complete(self, decision: RoutingDecision, request: RoutingRequest, ok: bool) -> None:
-        """Feedback once the request ended (used by strategies that learn from history)."""
         ...

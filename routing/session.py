@@ -100,8 +100,4 @@ class SessionRouter:
                     chosen = r
                     reason = "session" if steps == 0 else "load"
                     break
-        key_kind = "session_key" if request.session_key else "tenant_prefix"
-        return RoutingDecision(replica=chosen, reason=reason, details={"key": key_kind})
-
-    def on_complete(self, decision: RoutingDecision, request: RoutingRequest, ok: bool) -> None:
-        return None
+        return RoutingDecision(replica=chosen, reason=reason)

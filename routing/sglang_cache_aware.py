@@ -217,7 +217,7 @@ class SGLangCacheAwareRouter:
         ):
             chosen = replicas[loads.index(min_load)]
             tree.insert(text, chosen.name)
-            return RoutingDecision(chosen, "load", details={"max_load": max_load})
+            return RoutingDecision(chosen, "load")
         matched, tenant = tree.prefix_match(text)
         rate = matched / len(text) if text else 0.0
         selected: str | None = tenant
@@ -228,14 +228,10 @@ class SGLangCacheAwareRouter:
         chosen_or_none = by_name.get(selected) if selected is not None else None
         if chosen_or_none is None:
             # SGLang falls back to the first healthy worker and leaves the tree as it is.
-            return RoutingDecision(replicas[0], "cold", details={"match_rate": round(rate, 4)})
+            return RoutingDecision(replicas[0], "cold")
         tree.insert(text, chosen_or_none.name)
         return RoutingDecision(
             chosen_or_none,
             reason,
             matched_prefix=matched if reason == "prefix" else 0,
-            details={"match_rate": round(rate, 4)},
         )
-
-    def on_complete(self, decision: RoutingDecision, request: RoutingRequest, ok: bool) -> None:
-        return None

@@ -11,8 +11,13 @@ import pytest
 from aiohttp import web
 
 from bench.fake_upstream import FakeSettings, FakeUpstream, site_port, start_fake
-from gateway.app import GATEWAY, Gateway, create_app
+from gateway.app import create_app
+from gateway.keys import LIVE, METRICS, SLO
+from gateway.live import LivePolicy
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.slo import SloTracker
 from gateway.observability.tracing import Telemetry
+from gateway.runtime import Runtime
 from policies.loader import parse_policy
 from tests.cache.conftest import redis_server  # noqa: F401 (a real redis-server, for every tier)
 
@@ -34,8 +39,21 @@ class RunningGateway:
         return self.root + "/v1"
 
     @property
-    def gateway(self) -> Gateway:
-        return self.app[GATEWAY]
+    def live(self) -> LivePolicy:
+        return self.app[LIVE]
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime serving now (a reload swaps it)."""
+        return self.app[LIVE].current
+
+    @property
+    def metrics(self) -> GatewayMetrics:
+        return self.app[METRICS]
+
+    @property
+    def slo(self) -> SloTracker:
+        return self.app[SLO]
 
 
 FakeFactory = Callable[..., Awaitable[RunningFake]]

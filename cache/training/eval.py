@@ -109,7 +109,14 @@ async def evaluate(
                     "temperature": 0,
                     "messages": [{"role": "user", "content": text}],
                 }
-                return cache.plan(body, policy, tenant="eval", model_alias="eval", surface=surface)
+                return cache.plan(
+                    body,
+                    policy,
+                    tenant="eval",
+                    model_alias="eval",
+                    surface=surface,
+                    query_text=text if text.strip() else None,
+                )
 
             answer = json.dumps({"object": "chat.completion", "choices": [], "pair": i}).encode()
             await cache.fill(plan_for(pair.text_a), policy, answer, emb_a[i])

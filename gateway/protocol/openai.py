@@ -2,6 +2,13 @@
 
 Only what the gateway itself relies on is checked (the model, the messages or prompt, the
 stream flag and a few numeric fields); every other field is forwarded as the client sent it.
+
+``user_text`` is the one rule for "the user's text", the question a request asks now, shared
+by the semantic cache (which matches it) and the difficulty estimator (which scores it): the
+last message, when it is the user's and holds text only (a string, or text parts joined by
+newlines) and nothing but ``role``, ``content`` and ``name``; for completions, the prompt when
+it is one string. Anything else (an image part, a tool result last, token ids, blank text) has
+no user's text: such a request is never matched semantically and scores no difficulty.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ class ParsedRequest:
     body: dict[str, Any]
     model: str
     stream: bool
+    user_text: str | None = None
 
     def body_for(self, upstream_model: str) -> bytes:
         """The bytes to send upstream: the client's own bytes unless the model is renamed."""
@@ -78,7 +86,44 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise BadRequest("'stream_options' must be an object", param="stream_options")
-    return ParsedRequest(endpoint, raw, body, model, stream)
+    return ParsedRequest(endpoint, raw, body, model, stream, user_text(endpoint, body))
+
+
+_PLAIN_MESSAGE_KEYS = frozenset({"role", "content", "name"})
+
+
+def user_text(endpoint: Endpoint, body: dict[str, Any]) -> str | None:
+    """The user's text (see the module's docstring), or None."""
+    text: str | None = None
+    if endpoint is Endpoint.COMPLETIONS:
+        prompt = body.get("prompt")
+        text = prompt if isinstance(prompt, str) else None
+    elif endpoint is Endpoint.CHAT:
+        messages = body.get("messages")
+        last = messages[-1] if isinstance(messages, list) and messages else None
+        if (
+            isinstance(last, dict)
+            and last.get("role") == "user"
+            and last.keys() <= _PLAIN_MESSAGE_KEYS
+        ):
+            text = _text_only(last.get("content"))
+    return text if text is not None and text.strip() else None
+
+
+def _text_only(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return None
+    texts: list[str] = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text":
+            return None
+        text = part.get("text")
+        if not isinstance(text, str):
+            return None
+        texts.append(text)
+    return "\n".join(texts)
 
 
 def _check_messages(messages: Any) -> None:

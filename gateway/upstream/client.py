@@ -1,8 +1,8 @@
 """Open a request to one replica, mapping library errors to the gateway's own at the boundary.
 
 An attempt has two phases: until the response headers arrive (``first_byte_s``; failures here
-may be retried on another replica) and the body (``idle_s`` between reads). Only the first phase
-lives here; the relay reads the body.
+may be retried on another replica) and the body (``idle_s`` between reads, ``total_s`` in all).
+Only the first phase lives here; the relay reads the body.
 """
 
 from __future__ import annotations
@@ -77,32 +77,33 @@ def _client_timeout(timeouts: TimeoutConfig) -> aiohttp.ClientTimeout:
     )
 
 
-class UpstreamClient:
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self.session = session
+async def open_upstream(
+    session: aiohttp.ClientSession,
+    replica: Replica,
+    req: UpstreamRequest,
+    timeouts: TimeoutConfig,
+    first_byte_s: float,
+) -> aiohttp.ClientResponse:
+    """POST to ``replica``; returns a response with status < 500 whose body is unread.
 
-    async def open(
-        self, replica: Replica, req: UpstreamRequest, timeouts: TimeoutConfig
-    ) -> aiohttp.ClientResponse:
-        """POST to ``replica``; returns a response with status < 500 whose body is unread."""
-        timeout = _client_timeout(timeouts)
-        url = f"{replica.base_url}/{req.path}"
-        try:
-            async with asyncio.timeout(timeouts.first_byte_s):
-                resp = await self.session.post(
-                    url, data=req.body, headers=req.headers, timeout=timeout
-                )
-        except TimeoutError as exc:
-            raise AttemptFailed("timeout", f"{replica.name} did not answer in time", False) from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise AttemptFailed("connect_error", f"cannot connect to {replica.name}", True) from exc
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            raise AttemptFailed(
-                "connect_error", f"{replica.name} closed the connection", True
-            ) from exc
-        except aiohttp.ClientError as exc:
-            raise AttemptFailed("connect_error", f"{replica.name}: {exc}", True) from exc
-        if resp.status >= 500:
-            resp.release()
-            raise AttemptFailed("http_5xx", f"{replica.name} answered {resp.status}", True)
-        return resp
+    ``first_byte_s`` bounds the wait for the response headers (the backend's ``first_byte_s``,
+    or less when the surface's deadline is nearer).
+    """
+    url = f"{replica.base_url}/{req.path}"
+    try:
+        async with asyncio.timeout(first_byte_s):
+            resp = await session.post(
+                url, data=req.body, headers=req.headers, timeout=_client_timeout(timeouts)
+            )
+    except TimeoutError as exc:
+        raise AttemptFailed("timeout", f"{replica.name} did not answer in time", False) from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise AttemptFailed("connect_error", f"cannot connect to {replica.name}", True) from exc
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        raise AttemptFailed("connect_error", f"{replica.name} closed the connection", True) from exc
+    except aiohttp.ClientError as exc:
+        raise AttemptFailed("connect_error", f"{replica.name}: {exc}", True) from exc
+    if resp.status >= 500:
+        resp.release()
+        raise AttemptFailed("http_5xx", f"{replica.name} answered {resp.status}", True)
+    return resp

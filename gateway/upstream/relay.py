@@ -1,12 +1,27 @@
-"""Send the upstream's answer back to the client.
+"""Send an answer back to the client: the one relay path.
+
+Every answer leaves through here, whatever produced it: a live upstream attempt (plain,
+hedged, or a cascade's tier) through ``relay``, a finished answer (a held small answer, a cache
+hit) through ``send_answer``. The ``RelayPlan`` the orchestrator builds once per request
+carries what must hold for all of them: the surface's deadline, the watchers of the bytes sent
+(span summary, cache capture), the inter-token metric, the response headers.
 
 Streams are relayed byte for byte as they arrive (no SSE parsing, no re-encoding); the relay
-only notes when reads arrive (TTFT, gaps between reads) and whether the stream ended with
-``data: [DONE]``. An upstream failure after the first byte becomes a final SSE error event.
-Past the surface's deadline the relay stops the upstream and ends the stream itself with a
-chunk whose ``finish_reason`` is ``length``. A client that goes away cancels the handler
-(``handler_cancellation``); the ``finally`` below then closes the upstream connection, and
-vLLM aborts the request and frees its KV cache.
+notes when reads arrive (TTFT, gaps between reads) and whether the stream ended with
+``data: [DONE]``. Two clocks can end an answer early:
+
+* the surface's deadline (``actions.deadline`` with ``budget.total_ms``): the relay stops the
+  upstream and ends the stream as a model that hit ``max_tokens`` would, with a chunk whose
+  ``finish_reason`` is ``length`` and ``data: [DONE]`` (a 200); a JSON answer not complete by
+  then is a 504;
+* the backend's ``timeouts.total_s``, a bound on any attempt: past it the stream ends with a
+  final SSE error event (``timeout_error``, code ``total_timeout``; the text so far is cut, as
+  with ``finish_reason: length``) and no ``[DONE]``, counted as a 504; a JSON answer is a 504.
+
+An upstream failure after the first byte becomes a final SSE error event. A client that goes
+away cancels the handler; the ``finally`` below then closes the upstream connection, and vLLM
+aborts the request and frees its KV cache. Whatever the end, the attempt is finished here
+(load guard released, span ended) exactly once.
 """
 
 from __future__ import annotations
@@ -16,18 +31,21 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 
-from gateway.errors import error_bytes
+from gateway.errors import UpstreamError, UpstreamTimeout, error_bytes
+from gateway.protocol.answers import render_sse
+from gateway.protocol.sse import DONE_EVENT
+from gateway.upstream.attempts import Attempt
 from gateway.upstream.client import UpstreamResponse, UpstreamStreamError
 
 log = logging.getLogger("llm_gateway.relay")
 
-_DONE = b"data: [DONE]"
+_DONE = DONE_EVENT.rstrip()
 _HOP_BY_HOP = {
     "content-length",
     "transfer-encoding",
@@ -35,6 +53,20 @@ _HOP_BY_HOP = {
     "keep-alive",
     "content-encoding",
 }
+Watcher = Callable[[bytes], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RelayPlan:
+    """How answers go back for one request (built once by the orchestrator)."""
+
+    stream: bool
+    chat: bool
+    include_usage: bool
+    deadline: float | None  # perf_counter of the surface's deadline (graceful stop)
+    headers: dict[str, str]  # added to the response
+    watchers: Sequence[Watcher] = ()  # fed every chunk of a stream as it is sent
+    on_gap: Callable[[float], None] | None = None  # seconds between consecutive stream reads
 
 
 @dataclass(slots=True)
@@ -45,11 +77,19 @@ class RelayResult:
     last_at: float | None = None
     reads: int = 0
     deadline_hit: bool = False
+    live: bool = True  # False: a finished answer rendered by the gateway (held, cached)
 
     def mean_gap_ms(self) -> float | None:
         if self.first_at is None or self.last_at is None or self.reads < 2:
             return None
         return (self.last_at - self.first_at) * 1000 / (self.reads - 1)
+
+
+@dataclass(slots=True)
+class Relayed:
+    response: web.StreamResponse
+    result: RelayResult
+    attempt: Attempt | None  # None for a cache hit
 
 
 def response_headers(upstream: UpstreamResponse, extra: dict[str, str]) -> dict[str, str]:
@@ -60,36 +100,82 @@ def response_headers(upstream: UpstreamResponse, extra: dict[str, str]) -> dict[
     return headers
 
 
-async def relay_body(
-    upstream: UpstreamResponse, extra: dict[str, str]
-) -> tuple[web.Response, RelayResult]:
-    """A non-streaming answer (or an upstream 4xx): read it whole, pass it on unchanged."""
+async def relay(request: web.Request, attempt: Attempt, plan: RelayPlan) -> Relayed:
+    """Relay a live attempt's answer; the attempt is finished when this returns or raises."""
+    ok = False
     try:
-        body = await upstream.read()
+        if plan.stream and attempt.response.status == 200:
+            response, result = await _relay_stream(request, attempt, plan)
+        else:
+            response, result = await _relay_body(attempt, plan)
+        ok = result.status < 400
+        return Relayed(response, result, attempt)
     finally:
-        upstream.release()
+        attempt.finish(ok)
+
+
+async def send_answer(
+    request: web.Request, answer: bytes, plan: RelayPlan, attempt: Attempt | None = None
+) -> Relayed:
+    """A finished answer: as JSON, or as the SSE chunks of ``gateway.protocol.answers``."""
+    if attempt is not None:
+        attempt.finish(True)
+    if not plan.stream:
+        response = web.Response(body=answer, content_type="application/json", headers=plan.headers)
+        return Relayed(response, RelayResult(200, body=answer, live=False), attempt)
+    resp = web.StreamResponse(
+        headers={**plan.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+    first_at = time.perf_counter()
+    chunks = render_sse(json.loads(answer), include_usage=plan.include_usage)
+    for chunk in chunks:
+        for watch in plan.watchers:
+            watch(chunk)
+    await resp.write(b"".join(chunks))
+    await resp.write_eof()
+    result = RelayResult(200, first_at=first_at, last_at=first_at, reads=1, live=False)
+    return Relayed(resp, result, attempt)
+
+
+async def _relay_body(attempt: Attempt, plan: RelayPlan) -> tuple[web.Response, RelayResult]:
+    """A non-streaming answer (or an upstream 4xx): read it whole, pass it on unchanged."""
+    upstream = attempt.response
+    limit, ours = _limit(attempt, plan)
+    try:
+        async with asyncio.timeout(max(limit - time.perf_counter(), 0.0)):
+            body = await upstream.read()
+    except TimeoutError as exc:
+        upstream.close()
+        why = "the surface's total_ms budget" if ours else "the backend's timeouts.total_s"
+        raise UpstreamTimeout(
+            f"the upstream's answer did not complete within {why}", code="total_timeout"
+        ) from exc
+    except aiohttp.ClientError as exc:
+        upstream.close()
+        raise UpstreamError(
+            "the upstream connection broke while sending the answer", code="bad_gateway"
+        ) from exc
+    upstream.release()
     resp = web.Response(
-        status=upstream.status, body=body, headers=response_headers(upstream, extra)
+        status=upstream.status, body=body, headers=response_headers(upstream, plan.headers)
     )
     return resp, RelayResult(upstream.status, body=body)
 
 
-@dataclass(slots=True)
-class StreamPlan:
-    """How to relay one stream: bytes already read, the deadline, and who watches the reads."""
-
-    first: bytes = b""
-    first_at: float | None = None
-    deadline: float | None = None  # perf_counter past which the gateway ends the stream
-    chat: bool = True
-    on_read: Callable[[bytes], None] | None = None  # e.g. the span's stream summarizer
-    on_gap: Callable[[float], None] | None = None  # seconds between consecutive reads
+def _limit(attempt: Attempt, plan: RelayPlan) -> tuple[float, bool]:
+    """The earlier of the surface's deadline and ``total_s``; True when it is the surface's."""
+    hard = attempt.total_deadline
+    if plan.deadline is not None and plan.deadline <= hard:
+        return plan.deadline, True
+    return hard, False
 
 
-async def relay_stream(
-    request: web.Request, upstream: UpstreamResponse, extra: dict[str, str], plan: StreamPlan
+async def _relay_stream(
+    request: web.Request, attempt: Attempt, plan: RelayPlan
 ) -> tuple[web.StreamResponse, RelayResult]:
-    headers = response_headers(upstream, extra)
+    upstream = attempt.response
+    headers = response_headers(upstream, plan.headers)
     headers["Cache-Control"] = "no-cache"
     resp = web.StreamResponse(status=upstream.status, headers=headers)
     await resp.prepare(request)
@@ -105,24 +191,31 @@ async def relay_stream(
             plan.on_gap(at - result.last_at)
         result.last_at = at
         result.reads += 1
-        if plan.on_read is not None:
-            plan.on_read(data)
+        for watch in plan.watchers:
+            watch(data)
         await resp.write(data)
         tail = (tail + data)[-32:]
 
+    limit, ours = _limit(attempt, plan)
     try:
-        if plan.first:
-            await write(plan.first, plan.first_at or time.perf_counter())
-        remaining = None if plan.deadline is None else plan.deadline - time.perf_counter()
+        if attempt.first:
+            await write(attempt.first, attempt.first_at or time.perf_counter())
         try:
-            async with asyncio.timeout(remaining):
+            async with asyncio.timeout(max(limit - time.perf_counter(), 0.0)):
                 async for data in upstream.content.iter_any():
                     await write(data, time.perf_counter())
         except TimeoutError:
-            if plan.deadline is None or time.perf_counter() < plan.deadline:
-                raise  # the upstream went silent (idle_s), not our deadline
-            result.deadline_hit = True
-            await _write_stop(resp, plan.chat)
+            if time.perf_counter() < limit:
+                raise  # the upstream went silent (idle_s), not a deadline
+            if ours:
+                result.deadline_hit = True
+                await _write_stop(resp, plan.chat)
+                return resp, result
+            result.status = 504
+            await _write_error(
+                resp, "the answer ran past the backend's timeouts.total_s", "timeout_error", 504,
+                "total_timeout",
+            )  # fmt: skip
             return resp, result
         finished = True
         if _DONE not in tail:
@@ -149,7 +242,7 @@ async def relay_stream(
             task.uncancel()
         return resp, result
     finally:
-        # Anything but a clean end (an error, the deadline, the client leaving, a cancelled
+        # Anything but a clean end (an error, a deadline, the client leaving, a cancelled
         # handler) closes the upstream connection, so the replica aborts the request.
         if finished:
             upstream.release()
@@ -164,11 +257,15 @@ async def relay_stream(
 
 
 async def _write_error(
-    resp: web.StreamResponse, message: str, type_: str = "upstream_error", code: int = 502
+    resp: web.StreamResponse,
+    message: str,
+    type_: str = "upstream_error",
+    status: int = 502,
+    code: str | int | None = None,
 ) -> None:
     log.warning("stream ended with an error: %s", message)
     with contextlib.suppress(ConnectionResetError):
-        await resp.write(b"data: " + error_bytes(message, type_, code) + b"\n\n")
+        await resp.write(b"data: " + error_bytes(message, type_, code or status) + b"\n\n")
 
 
 async def _write_stop(resp: web.StreamResponse, chat: bool) -> None:
@@ -186,5 +283,5 @@ async def _write_stop(resp: web.StreamResponse, chat: bool) -> None:
         "choices": [choice],
     }
     with contextlib.suppress(ConnectionResetError):
-        await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n" + _DONE + b"\n\n")
+        await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n" + DONE_EVENT)
         await resp.write_eof()

@@ -34,7 +34,7 @@ async def test_the_replica_that_lost_a_race_is_recorded_as_slow(
         _ = [c async for c in raw.parse()]
         hedged += raw.headers.get("x-gateway-hedge") == "hedge"
     assert hedged == 1
-    latency = gw.gateway.runtime.latency
+    latency = gw.runtime.latency
     predicted = latency.predict_ttft_ms(slow.url)
     fast_ms = latency.predict_ttft_ms(fast.url)
     # Cancelled about 100 ms in (the delay, then the fast replica's first chunk): its TTFT was
@@ -50,11 +50,11 @@ async def test_the_hedge_avoids_a_replica_predicted_slow(
     slow_b = await make_fake(latency_ms=1500, chunks=2)
     fast = await make_fake(chunks=2)
     gw = await make_gateway(policy([slow_a.url, slow_b.url, fast.url]))
-    latency = gw.gateway.runtime.latency
+    latency = gw.runtime.latency
     for url, ttft in ((slow_a.url, 1500.0), (slow_b.url, 1500.0), (fast.url, 5.0)):
         for _ in range(20):
             latency.observe_ttft(url, ttft)
-    names = {r.base_url: r.name for r in gw.gateway.runtime.pools["up"].replicas}
+    names = {r.base_url: r.name for r in gw.runtime.pools["up"].replicas}
     for _ in range(3):  # each replica is the router's first choice once
         t0 = time.perf_counter()
         raw = await gw.client.chat.completions.with_raw_response.create(

@@ -3,7 +3,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from cache.keys import CacheScope, build_request, scope_prefix
+from cache.keys import CacheRequest, CacheScope, build_request, scope_prefix
+from gateway.protocol.openai import Endpoint, user_text
 
 SCOPE = CacheScope("acme", "small", "chat")
 
@@ -53,38 +54,46 @@ def test_answer_changing_parameters_change_both_keys() -> None:
         assert other.context_key != base.context_key, extra
 
 
-def test_context_key_ignores_only_the_last_user_message() -> None:
-    a = build_request(body(), SCOPE)
+def keys(request: dict[str, Any], endpoint: Endpoint = Endpoint.CHAT) -> CacheRequest:
+    """Keys as the gateway builds them: with its one rule for the user's text."""
+    if endpoint is Endpoint.COMPLETIONS:
+        return build_request(request, SCOPE, "completions", user_text(endpoint, request))
+    return build_request(request, SCOPE, "chat/completions", user_text(endpoint, request))
+
+
+def test_context_key_ignores_only_the_users_text() -> None:
+    a = keys(body())
     other_question = body()
     other_question["messages"][1]["content"] = "Which city is France's capital?"
-    b = build_request(other_question, SCOPE)
+    b = keys(other_question)
     assert a.context_key == b.context_key
     assert a.exact_key != b.exact_key
     assert b.query_text == "Which city is France's capital?"
     other_system = body()
     other_system["messages"][0]["content"] = "You are verbose."
-    assert build_request(other_system, SCOPE).context_key != a.context_key
+    assert keys(other_system).context_key != a.context_key
 
 
-def test_no_semantic_query_when_the_last_message_is_not_plain_user_text() -> None:
-    image = body()
-    image["messages"][1]["content"] = [
-        {"type": "text", "text": "What is this?"},
-        {"type": "image_url", "image_url": {"url": "data:,"}},
-    ]
-    assert build_request(image, SCOPE).query_text is None
+def test_without_a_users_text_the_whole_request_is_the_context() -> None:
     tool = body()
     tool["messages"].append({"role": "tool", "tool_call_id": "c1", "content": "42"})
-    assert build_request(tool, SCOPE).query_text is None
+    req = keys(tool)
+    assert req.query_text is None
+    changed = body()
+    changed["messages"][1]["content"] = "Another question"
+    changed["messages"].append({"role": "tool", "tool_call_id": "c1", "content": "42"})
+    assert keys(changed).context_key != req.context_key  # nothing is left out
 
 
 def test_completions_prompt_is_the_query() -> None:
-    req = build_request(
-        {"model": "small", "prompt": "Once upon a time", "max_tokens": 8},
-        SCOPE,
-        "completions",
+    req = keys(
+        {"model": "small", "prompt": "Once upon a time", "max_tokens": 8}, Endpoint.COMPLETIONS
     )
     assert req.query_text == "Once upon a time"
+    other = keys(
+        {"model": "small", "prompt": "Twice upon a time", "max_tokens": 8}, Endpoint.COMPLETIONS
+    )
+    assert other.context_key == req.context_key and other.exact_key != req.exact_key
 
 
 def test_scope_is_part_of_every_key_randomized() -> None:

@@ -9,6 +9,7 @@ import pytest
 from cache.semantic import CachePlan, ResponseCache
 from cache.store import InMemoryStore
 from cache.verifier import Verifier
+from gateway.protocol.openai import Endpoint, user_text
 from policies.cache import CachePolicy, SemanticCacheConfig
 from tests.cache.conftest import HashingEmbedder
 
@@ -49,7 +50,13 @@ def plan_for(
     cache_control: str | None = None,
 ) -> CachePlan:
     return cache.plan(
-        body, policy, tenant=tenant, model_alias="m", surface=surface, cache_control=cache_control
+        body,
+        policy,
+        tenant=tenant,
+        model_alias="m",
+        surface=surface,
+        cache_control=cache_control,
+        query_text=user_text(Endpoint.CHAT, body),
     )
 
 

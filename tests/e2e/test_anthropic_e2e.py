@@ -354,7 +354,7 @@ async def test_exact_cache_stores_and_replays_a_translated_stream(
             extra_headers={"X-Surface": "chat"},
         )
         text = "".join([c.choices[0].delta.content or "" async for c in raw.parse() if c.choices])
-        await gw.gateway.cache.drain()  # type: ignore[union-attr]
+        await gw.runtime.cache.drain()  # type: ignore[union-attr]
         return text, raw.headers.get("x-gateway-cache")
 
     assert await ask() == ("Hello from the fake Claude.", "miss")

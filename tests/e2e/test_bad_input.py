@@ -181,7 +181,8 @@ async def test_reload_keeps_running_policy_when_new_one_is_bad(
     from aiohttp import web
 
     from bench.fake_upstream import site_port
-    from gateway.app import GATEWAY, create_app
+    from gateway.app import create_app
+    from gateway.keys import LIVE
     from policies.loader import load_policy
 
     up = await make_fake()
@@ -201,7 +202,7 @@ async def test_reload_keeps_running_policy_when_new_one_is_bad(
             assert r.status == 400
             message = (await r.json())["error"]["message"]
         assert f"{path}:8: models.m2.backend: no backend named 'nowhere'" in message
-        assert "m2" not in app[GATEWAY].runtime.policy.models  # still the old policy
+        assert "m2" not in app[LIVE].current.policy.models  # still the old policy
         path.write_text(policy(up.url) + "  m2: {backend: two}\nbackends2: 1\n")
         async with aiohttp.ClientSession() as s, s.post(root + "/admin/reload") as r:
             assert r.status == 400
@@ -214,10 +215,10 @@ async def test_reload_keeps_running_policy_when_new_one_is_bad(
             + "  m2: {backend: two}\n"
         )
         path.write_text(good)
-        old_pool = app[GATEWAY].runtime.pools["up"]
+        old_pool = app[LIVE].current.pools["up"]
         async with aiohttp.ClientSession() as s, s.post(root + "/admin/reload") as r:
             assert r.status == 200
-        rt = app[GATEWAY].runtime
+        rt = app[LIVE].current
         assert "m2" in rt.policy.models
         assert rt.pools["up"] is old_pool  # unchanged backends keep their state
         client = openai.AsyncOpenAI(base_url=root + "/v1", api_key="x", max_retries=0)

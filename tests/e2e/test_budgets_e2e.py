@@ -42,7 +42,7 @@ async def test_priority_admission_serves_interactive_first(
             extra_headers={"X-Surface": surface},
         )
 
-    queue = gw.gateway.runtime.pools["up"].admission
+    queue = gw.runtime.pools["up"].admission
     assert queue is not None
 
     async def until(condition: Callable[[], bool]) -> None:
@@ -125,7 +125,7 @@ async def test_hedge_wins_against_a_slow_replica_and_cancels_it(
             break
         await asyncio.sleep(0.01)
     assert slow.fake.disconnected == 1  # the losing attempt was closed upstream
-    assert gw.gateway.runtime.pools["up"].replicas[0].outstanding == 0
+    assert gw.runtime.pools["up"].replicas[0].outstanding == 0
 
 
 async def test_deadline_ends_a_stream_with_finish_reason_length(

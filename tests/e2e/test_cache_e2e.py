@@ -37,7 +37,7 @@ async def ask(
         model="m", messages=messages, temperature=0, extra_headers=headers, **kwargs
     )
     reply = raw.parse()
-    await gw.gateway.cache.drain()  # type: ignore[union-attr]
+    await gw.runtime.cache.drain()  # type: ignore[union-attr]
     return reply.choices[0].message.content or "", raw.headers.get("x-gateway-cache")
 
 
@@ -83,7 +83,7 @@ async def test_streamed_answers_are_stored_and_only_complete_ones(
     with pytest.raises(Exception, match="upstream"):
         async for _ in stream:
             pass
-    await gw.gateway.cache.drain()  # type: ignore[union-attr]
+    await gw.runtime.cache.drain()  # type: ignore[union-attr]
     stream = await gw.client.chat.completions.create(
         model="m",
         messages=QUESTION,
@@ -94,7 +94,7 @@ async def test_streamed_answers_are_stored_and_only_complete_ones(
     assert (
         "".join([c.choices[0].delta.content or "" async for c in stream]) == "tok0 tok1 tok2 tok3 "
     )
-    await gw.gateway.cache.drain()  # type: ignore[union-attr]
+    await gw.runtime.cache.drain()  # type: ignore[union-attr]
     assert len(up.fake.requests) == 2  # the truncated stream was not stored
     text, kind = await ask(gw)
     assert (text, kind) == ("tok0 tok1 tok2 tok3 ", "exact")
@@ -114,7 +114,7 @@ async def test_cache_control_temperature_and_other_surfaces(
     raw = await gw.client.chat.completions.with_raw_response.create(
         model="m", messages=hot, temperature=0.9, extra_headers={"X-Surface": "chat"}
     )
-    await gw.gateway.cache.drain()  # type: ignore[union-attr]
+    await gw.runtime.cache.drain()  # type: ignore[union-attr]
     raw = await gw.client.chat.completions.with_raw_response.create(
         model="m", messages=hot, temperature=0.9, extra_headers={"X-Surface": "chat"}
     )
@@ -228,6 +228,6 @@ async def test_a_surface_named_default_applies_when_nothing_else_matches(
         raw = await gw.client.chat.completions.with_raw_response.create(
             model="m", messages=QUESTION, temperature=0
         )
-        await gw.gateway.cache.drain()  # type: ignore[union-attr]
+        await gw.runtime.cache.drain()  # type: ignore[union-attr]
         assert raw.headers["x-gateway-cache"] == expected
         assert raw.headers["x-gateway-surface"] == "default"

@@ -36,7 +36,7 @@ surfaces:
 def counted(gw: RunningGateway) -> dict[str, float]:
     """``llm_gateway_requests_total`` by status."""
     out: dict[str, float] = {}
-    for family in gw.gateway.metrics.registry.collect():
+    for family in gw.metrics.registry.collect():
         for sample in family.samples:
             if sample.name == "llm_gateway_requests_total":
                 status = sample.labels["status"]
@@ -95,11 +95,11 @@ async def test_client_leaving_before_done_is_counted_as_499(
     assert await until_counted(gw) == {"499": 1.0}
     replicas = {
         s.labels["replica"]
-        for family in gw.gateway.metrics.registry.collect()
+        for family in gw.metrics.registry.collect()
         for s in family.samples
         if s.name == "llm_gateway_requests_total"
     }
     assert replicas == {up.url.split("//")[1].removesuffix("/v1")}
     # ... and not charged to the surface's error budget as a server failure
     await asyncio.sleep(0.05)  # the cancelled handler's own cleanup
-    assert gw.gateway.slo.view()["chat"]["errors"] == 0
+    assert gw.slo.view()["chat"]["errors"] == 0

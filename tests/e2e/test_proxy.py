@@ -339,7 +339,7 @@ async def test_client_disconnect_closes_upstream_within_a_second(
         await asyncio.sleep(0.01)
     assert up.fake.active == 0
     assert up.fake.disconnected == 1
-    assert gw.gateway.runtime.pools["up"].replicas[0].outstanding == 0
+    assert gw.runtime.pools["up"].replicas[0].outstanding == 0
 
 
 async def test_client_disconnect_before_first_byte_cancels_upstream(
@@ -391,7 +391,7 @@ async def test_passive_ejection_and_readmission(
     a = await make_fake()
     b = await make_fake()
     gw = await make_gateway(two_replicas(a.url, b.url, "{interval_s: 60, eject_after: 2}"))
-    pool = gw.gateway.runtime.pools["up"]
+    pool = gw.runtime.pools["up"]
     ra = next(r for r in pool.replicas if r.base_url == a.url)
     a.fake.queue("status:500", "status:500", "status:500")
     for _ in range(6):
@@ -408,7 +408,7 @@ async def test_active_health_check_takes_replica_out_and_back(
     a = await make_fake()
     b = await make_fake()
     gw = await make_gateway(two_replicas(a.url, b.url))
-    pool = gw.gateway.runtime.pools["up"]
+    pool = gw.runtime.pools["up"]
     a.fake.healthy = False
     await pool.refresh()
     for _ in range(4):
@@ -458,7 +458,7 @@ async def test_health_and_ready(make_fake: FakeFactory, make_gateway: GatewayFac
         async with s.get(gw.root + "/readyz") as r:
             assert r.status == 200
         up.fake.healthy = False
-        await gw.gateway.runtime.pools["up"].refresh()
+        await gw.runtime.pools["up"].refresh()
         async with s.get(gw.root + "/readyz") as r:
             assert r.status == 503
             assert (await r.json())["backends_without_healthy_replica"] == ["up"]

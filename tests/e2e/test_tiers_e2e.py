@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.conftest import FakeFactory, GatewayFactory, RunningFake
+from gateway.observability.tracing import Telemetry
+from policies.server import TelemetryConfig
+from tests.conftest import FakeFactory, GatewayFactory, RunningFake, RunningGateway
 
 MESSAGES: Any = [{"role": "user", "content": "Tom has 3 boxes of 4 apples. How many apples?"}]
 GOOD = "3 boxes x 4 apples = 12 apples. #### 12"
@@ -154,3 +160,112 @@ async def test_embeddings_on_a_tiered_alias_is_a_400(
         await gw.client.embeddings.create(model="auto", input="hello")
     assert err.value.param == "model" and "tiered" in err.value.message
     assert small.fake.requests == [] and large.fake.requests == []
+
+
+# --- the cascade goes through the one relay path: what holds for plain requests holds here ---
+
+DEADLINE_SURFACE = """
+surfaces:
+  default:
+    budget: {total_ms: 700}
+    actions: {deadline: true}
+"""
+
+
+async def test_a_cascade_honours_the_surface_deadline(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """A kept small answer that would stream for 2 s is ended at total_ms (700 ms)."""
+    small = await make_fake(chunks=20, chunk_interval_ms=100)
+    large = await make_fake()
+    tier = "mode: cascade\n    threshold: 1.0\n    commit: {tokens: 4}"
+    gw = await make_gateway(policy(small, large, tier) + DEADLINE_SURFACE)
+    started = time.perf_counter()
+    stream = await gw.client.chat.completions.create(model="auto", messages=MESSAGES, stream=True)
+    chunks = [c async for c in stream]
+    elapsed = time.perf_counter() - started
+    assert elapsed < 1.2, elapsed
+    assert chunks[-1].choices[0].finish_reason == "length"
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert 4 <= len(texts) < 20  # the held chunks, then the relay until the deadline
+    assert await _metric(gw, "llm_gateway_deadline_stops_total", 'surface="default"') == 1
+
+
+async def test_a_cascade_stream_with_parallel_tool_calls_passes_the_sdk_stream_helper(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """A held (whole) small answer is re-encoded with each tool call's index, so the SDK's
+    accumulator keeps parallel calls apart; the same through a cascade that escalated."""
+    small = await make_fake(reply="Checking both.", tool_calls=2)
+    large = await make_fake(reply="x", tool_calls=2, chunks=2)
+    for threshold, tier in ((1.0, "small"), (-1.0, "large")):
+        gw = await make_gateway(policy(small, large, f"mode: cascade\n    threshold: {threshold}"))
+        async with gw.client.chat.completions.stream(
+            model="auto", messages=MESSAGES, tools=TOOLS
+        ) as stream:
+            async for _ in stream:
+                pass
+            final = await stream.get_final_completion()
+        calls = final.choices[0].message.tool_calls or []
+        assert [c.function.name for c in calls] == ["tool_0", "tool_1"], tier
+        assert [json.loads(c.function.arguments) for c in calls] == [
+            {"city": "city-0"},
+            {"city": "city-1"},
+        ]
+        assert final.choices[0].finish_reason == "tool_calls"
+
+
+async def test_a_cascade_records_inter_token_gaps_the_span_summary_and_fills_the_cache(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    small = await make_fake(chunks=6, chunk_interval_ms=5)
+    large = await make_fake()
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry.from_config(
+        TelemetryConfig(enabled=True, sample_ratio=1.0), exporter=exporter, batch=False
+    )
+    tier = "mode: cascade\n    threshold: 1.0\n    commit: {tokens: 2}"
+    cached = "\nsurfaces:\n  default:\n    cache: {exact: true}\n"
+    gw = await make_gateway(policy(small, large, tier) + cached, telemetry=telemetry)
+    request: Any = {"model": "auto", "messages": MESSAGES, "stream": True, "temperature": 0}
+    texts = [
+        c.choices[0].delta.content
+        async for c in await gw.client.chat.completions.create(**request)
+        if c.choices
+    ]
+    assert texts == [f"tok{i} " for i in range(6)]
+    # inter-token gaps of the small tier's replica were observed for the alias
+    assert await _metric(gw, "llm_gateway_inter_token_latency_seconds_count", 'model="auto"') >= 1
+    # the span carries the answer's summary (read from the relayed stream)
+    spans = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+    assert spans and spans[-1].attributes is not None
+    assert spans[-1].attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert spans[-1].attributes["gateway.cascade.escalated"] is False
+    # the complete answer was captured and stored: the same request is now an exact hit
+    assert gw.runtime.cache is not None
+    await gw.runtime.cache.drain()
+    raw = await gw.client.chat.completions.with_raw_response.create(**request)
+    assert raw.headers["x-gateway-cache"] == "exact"
+    assert len(small.fake.requests) == 1
+
+
+TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    for name in ("tool_0", "tool_1")
+]
+
+
+async def _metric(gw: RunningGateway, name: str, label: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(gw.root + "/metrics") as r:
+        text = await r.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and label in line
+    )

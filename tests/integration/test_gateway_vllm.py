@@ -185,4 +185,4 @@ async def test_client_disconnect_aborts_the_request_in_vllm(
     # and an aborted one not at all (whether or not the gauge was caught at 1 above).
     await asyncio.sleep(0.5)
     assert await replica_metric(root, "vllm:request_success_total") == finished_before
-    assert gw.gateway.runtime.pools["local"].replicas[0].outstanding == 0
+    assert gw.runtime.pools["local"].replicas[0].outstanding == 0

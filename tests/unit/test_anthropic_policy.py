@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.runtime import Runtime, build_pools
+from gateway.observability.tracing import Telemetry
+from gateway.runtime import Resources, Runtime, prepare
 from gateway.upstream.providers.anthropic import AnthropicProvider
 from policies.backends import AnthropicBackend
-from policies.loader import PolicyError, parse_policy
+from policies.loader import PolicyError, PolicySource, parse_policy
 
 GOOD = """\
 version: 1
@@ -102,7 +103,9 @@ def test_runtime_gives_anthropic_targets_a_provider_and_one_passive_replica(
 ) -> None:
     monkeypatch.setenv("TEST_ANTHROPIC_KEY", "sk-ant-x")
     policy = parse_policy(GOOD, "p.yaml", ENV)
-    rt = Runtime(policy, "p.yaml", build_pools(policy))
+    source = PolicySource("p.yaml")
+    resources = Resources(None, None, Telemetry.disabled(), owns_telemetry=False)
+    rt = Runtime(policy, source, prepare(policy, source).pools, resources)
     smart, fallback = rt.targets("smart")
     assert isinstance(smart.provider, AnthropicProvider)
     assert smart.provider.headers["x-api-key"] == "sk-ant-x"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from cache.replay import assemble_stream
 from gateway.observability.summary import StreamSummarizer
+from gateway.protocol.answers import assemble
 from gateway.upstream.client import UpstreamStreamError
 from gateway.upstream.providers.anthropic_response import (
     chat_completion,
@@ -238,7 +238,7 @@ def test_stream_translates_text_tool_calls_finish_and_usage() -> None:
         "prompt_tokens_details": {"cached_tokens": 5},
     }
     # What the cache's stream capture assembles: a storable chat.completion with the tool call.
-    assembled = assemble_stream(chunks, done=done)
+    assembled = assemble(chunks, done=done)
     assert assembled is not None
     message = assembled["choices"][0]["message"]
     assert message["content"] == "Hé there"
@@ -307,7 +307,7 @@ def test_a_stream_cut_before_message_stop_has_no_done() -> None:
     stream = AnthropicStream(include_usage=True)
     chunks, done = chunks_of(stream.feed(data[:cut]))
     assert not done and not stream.done
-    assert assemble_stream(chunks, done=done) is None  # never stored by the cache
+    assert assemble(chunks, done=done) is None  # never stored by the cache
 
 
 def test_max_tokens_stop_and_thinking_blocks_are_skipped() -> None:

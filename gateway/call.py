@@ -1,0 +1,71 @@
+"""One API request as the stages see it: who, what, which surface, and its clock.
+
+``Call`` is built once, completely, by ``Orchestrator.accept`` and only read afterwards; what a
+stage decides (a cache plan, a tier, an attempt) is that stage's return value, never a field
+filled in here later. ``UserQuery`` holds the user's text (``gateway.protocol.openai``'s one
+rule) and computes its embedding at most once, off the event loop, for the semantic cache and
+the difficulty estimator alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from gateway.observability.tracing import RequestSpan
+from gateway.protocol.openai import ParsedRequest
+from routing.prompt_text import render_for_routing
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime, SurfacePlan
+
+
+class Embedder(Protocol):
+    async def embed(self, texts: list[str]) -> Any: ...
+
+
+@dataclass(slots=True)
+class UserQuery:
+    """The user's text and its one embedding (computed on first use)."""
+
+    embedder: Embedder | None
+    text: str | None
+    _vector: Any = None
+    _done: bool = False
+
+    async def vector(self) -> Any:
+        if not self._done:
+            self._done = True
+            if self.embedder is not None and self.text:
+                self._vector = (await self.embedder.embed([self.text]))[0]
+        return self._vector
+
+
+@dataclass(slots=True)
+class Call:
+    request: web.Request
+    rt: Runtime  # the policy in force when the request arrived, for its whole life
+    tenant: str
+    parsed: ParsedRequest
+    plan: SurfacePlan
+    span: RequestSpan
+    started: float  # perf_counter at arrival
+    deadline: float | None  # perf_counter by which the answer must be complete (the surface's)
+    headers: CIMultiDict[str]  # forwarded upstream
+    query: UserQuery
+    session_key: str | None = None
+    _prompt_text: str | None = field(default=None)
+
+    def routing_text(self) -> str:
+        """The prompt rendered as the replicas see it (for prefix-aware routers), once."""
+        if self._prompt_text is None:
+            self._prompt_text = render_for_routing(self.parsed.body)
+        return self._prompt_text
+
+    @property
+    def include_usage(self) -> bool:
+        opts = self.parsed.body.get("stream_options")
+        return isinstance(opts, dict) and bool(opts.get("include_usage"))

@@ -1,0 +1,74 @@
+"""The API endpoints clients call: the OpenAI routes, models, health, readiness, metrics."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.errors import NotFound
+from gateway.keys import LIVE, METRICS, ORCHESTRATOR
+from gateway.protocol.openai import Endpoint
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_post("/v1/chat/completions", _chat)
+    router.add_post("/v1/completions", _completions)
+    router.add_post("/v1/embeddings", _embeddings)
+    router.add_get("/v1/models", _models)
+    router.add_get("/v1/models/{model:.+}", _model)
+    router.add_get("/healthz", _healthz)
+    router.add_get("/readyz", _readyz)
+    router.add_get("/metrics", _metrics)
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    return await app[ORCHESTRATOR].handle(request, app[LIVE].current, Endpoint.CHAT)
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    return await app[ORCHESTRATOR].handle(request, app[LIVE].current, Endpoint.COMPLETIONS)
+
+
+async def _embeddings(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    return await app[ORCHESTRATOR].handle(request, app[LIVE].current, Endpoint.EMBEDDINGS)
+
+
+def _model_object(name: str) -> dict[str, str | int]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "llm-gateway"}
+
+
+async def _models(request: web.Request) -> web.Response:
+    rt = request.app[LIVE].current
+    rt.authenticate(request.headers.get("Authorization"))
+    data = [_model_object(name) for name in rt.model_names()]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def _model(request: web.Request) -> web.Response:
+    rt = request.app[LIVE].current
+    rt.authenticate(request.headers.get("Authorization"))
+    name = request.match_info["model"]
+    if name not in rt.model_names():
+        raise NotFound(f"The model '{name}' does not exist", code="model_not_found", param="model")
+    return web.json_response(_model_object(name))
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    rt = request.app[LIVE].current
+    missing = rt.not_ready()
+    if missing:
+        return web.json_response(
+            {"status": "not ready", "backends_without_healthy_replica": missing}, status=503
+        )
+    return web.json_response({"status": "ready", "policy": rt.source.file})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].render()
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")

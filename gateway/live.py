@@ -1,0 +1,69 @@
+"""The running policy: one ``Runtime`` reference, and the reload that swaps it.
+
+A reload reads and validates the whole file and builds the new runtime (``build_runtime``:
+files loaded, new pools and resources started) before anything is swapped; any problem raises
+``PolicyError`` and the running runtime stays, untouched. After the swap, what the old runtime
+held and the new one does not is closed in the background (pools once their answers in
+flight have ended). Requests keep the runtime they started with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from gateway.observability.slo import SloTracker
+from gateway.observability.tracing import Telemetry
+from gateway.runtime import Runtime, build_runtime, retire
+from policies.loader import PolicyError, read_policy
+from policies.schema import Policy
+from policies.surfaces import Budget
+
+log = logging.getLogger("llm_gateway")
+
+
+def budgets(policy: Policy) -> dict[str, Budget]:
+    return {name: surface.budget for name, surface in policy.surfaces.items()}
+
+
+class LivePolicy:
+    def __init__(
+        self,
+        runtime: Runtime,
+        path: Path | None,
+        slo: SloTracker,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self.current = runtime
+        self.path = path  # None: nothing to reload from (a policy built in memory)
+        self.slo = slo
+        self._telemetry = telemetry  # a caller's (tests): kept across reloads
+        self._lock = asyncio.Lock()
+        self._retiring: dict[asyncio.Task[None], Runtime] = {}
+
+    async def reload(self) -> Runtime:
+        """Load the policy file again; raises ``PolicyError`` and keeps the running one if bad."""
+        if self.path is None:
+            raise PolicyError([])
+        async with self._lock:
+            policy, source = await asyncio.to_thread(read_policy, self.path)
+            old = self.current
+            new = await build_runtime(policy, source, old, telemetry=self._telemetry)
+            self.current = new
+            self.slo.configure(budgets(policy))
+            task = asyncio.create_task(retire(old, new, drain=True), name="retire-runtime")
+            self._retiring[task] = old
+            task.add_done_callback(lambda t: self._retiring.pop(t, None))
+            log.info("policy reloaded from %s", self.path)
+            return new
+
+    async def close(self) -> None:
+        """Close everything at once: retirements still draining stop waiting."""
+        pending = dict(self._retiring)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for old in pending.values():
+            await retire(old, self.current, drain=False)
+        await retire(self.current, None, drain=False)

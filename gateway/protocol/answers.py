@@ -1,0 +1,196 @@
+"""Finished answers and streams of chunks: the one place that turns one into the other.
+
+``render_sse`` streams a complete OpenAI answer (``chat.completion`` or ``text_completion``)
+as the chunks an upstream would have sent: per choice, a role chunk, one chunk carrying the
+whole content (text, ``reasoning_content``, ``refusal``, tool calls with their ``index``,
+``logprobs``), and a finish chunk; then the usage chunk when the client asked for
+``stream_options.include_usage``, and ``data: [DONE]``. It serves held cascade answers and
+cache hits alike.
+
+``assemble`` does the reverse: it adds streamed chunk objects up to the complete answer they
+make (content, reasoning, refusal, tool calls merged by ``index``, logprobs concatenated,
+the last usage seen), or None when the stream did not finish or carried an error.
+``finished`` says whether an answer is complete and successful: every choice ended for a
+normal reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gateway.protocol.sse import DONE_EVENT, encode
+
+_FINISHED = frozenset({"stop", "length", "tool_calls", "function_call", "content_filter"})
+_NORMAL_FINISH = frozenset({"stop", "length", "tool_calls", "function_call"})
+_HEAD = ("id", "created", "model", "system_fingerprint", "service_tier")
+_TEXT_FIELDS = ("content", "reasoning_content", "refusal")
+
+
+def render_json(answer: Mapping[str, Any]) -> bytes:
+    return json.dumps(answer, separators=(",", ":")).encode()
+
+
+def render_sse(answer: Mapping[str, Any], *, include_usage: bool = False) -> list[bytes]:
+    """The SSE events of a complete answer, ending with ``data: [DONE]``."""
+    chat = answer.get("object") == "chat.completion"
+    head: dict[str, Any] = {k: answer[k] for k in _HEAD if k in answer}
+    head["object"] = "chat.completion.chunk" if chat else "text_completion"
+    if include_usage:
+        head["usage"] = None  # as OpenAI sends it on every chunk but the last
+    out: list[bytes] = []
+    for choice in answer.get("choices") or []:
+        if not isinstance(choice, Mapping):
+            continue
+        index = choice.get("index", 0)
+        finish = choice.get("finish_reason") or "stop"
+        parts = _chat_parts(choice) if chat else _text_parts(choice)
+        for fields in parts:
+            out.append(encode({**head, "choices": [{"index": index, **fields}]}))
+        last: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
+        out.append(encode({**head, "choices": [{"index": index, **last, "finish_reason": finish}]}))
+    if include_usage:
+        usage = answer.get("usage")
+        out.append(encode({**head, "choices": [], "usage": usage}))
+    out.append(DONE_EVENT)
+    return out
+
+
+def _chat_parts(choice: Mapping[str, Any]) -> list[dict[str, Any]]:
+    message = choice.get("message") or {}
+    first = {"delta": {"role": message.get("role") or "assistant", "content": ""}}
+    delta: dict[str, Any] = {k: message[k] for k in _TEXT_FIELDS if message.get(k)}
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        delta["tool_calls"] = [
+            {**call, "index": call.get("index", i)} if isinstance(call, Mapping) else call
+            for i, call in enumerate(calls)
+        ]
+    if isinstance(message.get("function_call"), Mapping):
+        delta["function_call"] = message["function_call"]
+    body: dict[str, Any] = {"delta": delta}
+    if choice.get("logprobs") is not None:
+        body["logprobs"] = choice["logprobs"]
+    return [first, body] if delta or "logprobs" in body else [first]
+
+
+def _text_parts(choice: Mapping[str, Any]) -> list[dict[str, Any]]:
+    body: dict[str, Any] = {"text": choice.get("text") or ""}
+    if choice.get("logprobs") is not None:
+        body["logprobs"] = choice["logprobs"]
+    return [body]
+
+
+def finished(answer: Mapping[str, Any]) -> bool:
+    """A complete, successful answer: every choice finished for a normal reason."""
+    choices = answer.get("choices")
+    if "error" in answer or not isinstance(choices, list) or not choices:
+        return False
+    return all(isinstance(c, Mapping) and c.get("finish_reason") in _NORMAL_FINISH for c in choices)
+
+
+class _Choice:
+    __slots__ = ("finish", "logprobs", "role", "text", "tools")
+
+    def __init__(self) -> None:
+        self.role = "assistant"
+        self.text: dict[str, list[str]] = {}
+        self.tools: dict[int, dict[str, Any]] = {}
+        self.logprobs: dict[str, Any] | None = None
+        self.finish: str | None = None
+
+
+def assemble(chunks: Iterable[Mapping[str, Any]], *, done: bool) -> dict[str, Any] | None:
+    """The complete answer a stream of chunk objects adds up to; None if unfinished or failed.
+
+    ``done`` says whether ``data: [DONE]`` arrived: a stream cut short never adds up.
+    """
+    if not done:
+        return None
+    head: dict[str, Any] = {}
+    choices: dict[int, _Choice] = {}
+    chat = True
+    usage: Any = None
+    for chunk in chunks:
+        if "error" in chunk:
+            return None
+        for key in _HEAD:
+            if chunk.get(key) is not None and key not in head:
+                head[key] = chunk[key]
+        chat = chunk.get("object", "chat.completion.chunk") == "chat.completion.chunk"
+        if chunk.get("usage") is not None:
+            usage = chunk["usage"]
+        for part in chunk.get("choices") or []:
+            slot = choices.setdefault(int(part.get("index", 0)), _Choice())
+            if part.get("finish_reason"):
+                slot.finish = part["finish_reason"]
+            _merge_logprobs(slot, part.get("logprobs"))
+            if not chat:
+                slot.text.setdefault("text", []).append(part.get("text") or "")
+                continue
+            delta = part.get("delta") or {}
+            if delta.get("role"):
+                slot.role = delta["role"]
+            for name in _TEXT_FIELDS:
+                if delta.get(name):
+                    slot.text.setdefault(name, []).append(delta[name])
+            for call in delta.get("tool_calls") or []:
+                _merge_tool_call(slot.tools, call)
+    if not choices or any(slot.finish not in _FINISHED for slot in choices.values()):
+        return None
+    out = [_choice(i, choices[i], chat) for i in sorted(choices)]
+    answer = {**head, "object": "chat.completion" if chat else "text_completion", "choices": out}
+    if usage is not None:
+        answer["usage"] = usage
+    return answer
+
+
+def _choice(index: int, slot: _Choice, chat: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": index}
+    if chat:
+        message: dict[str, Any] = {
+            "role": slot.role,
+            "content": "".join(slot.text.get("content", [])),
+        }
+        for name in ("reasoning_content", "refusal"):
+            if name in slot.text:
+                message[name] = "".join(slot.text[name])
+        if slot.tools:
+            message["tool_calls"] = [slot.tools[i] for i in sorted(slot.tools)]
+            message["content"] = message["content"] or None
+        out["message"] = message
+    else:
+        out["text"] = "".join(slot.text.get("text", []))
+    out["logprobs"] = slot.logprobs
+    out["finish_reason"] = slot.finish
+    return out
+
+
+def _merge_logprobs(slot: _Choice, logprobs: Any) -> None:
+    """Chat logprobs are ``{content: [...], refusal: [...]}``; completions' are parallel lists."""
+    if not isinstance(logprobs, Mapping):
+        return
+    if slot.logprobs is None:
+        slot.logprobs = {}
+    for key, value in logprobs.items():
+        if isinstance(value, list):
+            slot.logprobs.setdefault(key, []).extend(value)
+        elif key not in slot.logprobs:
+            slot.logprobs[key] = value
+
+
+def _merge_tool_call(tools: dict[int, dict[str, Any]], call: Mapping[str, Any]) -> None:
+    slot = tools.setdefault(
+        int(call.get("index", 0)),
+        {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+    )
+    if call.get("id"):
+        slot["id"] = call["id"]
+    if call.get("type"):
+        slot["type"] = call["type"]
+    function = call.get("function") or {}
+    if function.get("name"):
+        slot["function"]["name"] += function["name"]
+    if function.get("arguments"):
+        slot["function"]["arguments"] += function["arguments"]
