@@ -45,6 +45,7 @@ demo: install vllm-env
 lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: install-dev
 	$(BIN)/mypy

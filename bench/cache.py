@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from bench._procs import free_port
+from bench.data import data_file, require
 from cache.embedder import SentenceTransformerEmbedder
 from cache.index import IndexEntry
 from cache.keys import CacheScope
@@ -44,7 +45,7 @@ from cache.verifier import Verifier
 from gateway.protocol.openai import Endpoint, user_text
 from policies.cache import CachePolicy, SemanticCacheConfig
 
-DEFAULT_PAIRS = Path(__file__).resolve().parents[1] / ".." / "shared/data/paraphrase/pairs_dev.tsv"
+DEFAULT_PAIRS = data_file("paraphrase/pairs_dev.tsv")
 GATED = CachePolicy(semantic=SemanticCacheConfig(gate="verifier", max_entries=1_000_000))
 COSINE = CachePolicy(semantic=SemanticCacheConfig(gate="cosine", max_entries=1_000_000))
 ANSWER = json.dumps(
@@ -232,7 +233,7 @@ async def run_size(
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    pairs = read_pairs(args.pairs)
+    pairs = read_pairs(require(args.pairs))
     positives = [p for p in pairs if p.label == 1][: args.real]
     embedder = await SentenceTransformerEmbedder.create(threads=args.threads)
     verifier = Verifier.load()
@@ -283,7 +284,7 @@ def report(out: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cache", description=__doc__)
-    parser.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS.resolve())
+    parser.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS)
     parser.add_argument(
         "--sizes",
         type=lambda s: [int(float(x)) for x in s.split(",")],

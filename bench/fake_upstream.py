@@ -46,6 +46,7 @@ class FakeUpstream:
     script: deque[str] = field(default_factory=deque)
     requests: list[RecordedRequest] = field(default_factory=list)
     active: int = 0
+    peak_active: int = 0  # the most requests it served at once
     disconnected: int = 0  # requests whose client went away before the response finished
     completed: int = 0
     record: bool = True
@@ -84,6 +85,7 @@ class FakeUpstream:
             self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
         action = self.script.popleft() if self.script else "ok"
         self.active += 1
+        self.peak_active = max(self.peak_active, self.active)
         try:
             return await self._act(request, body, action)
         except (asyncio.CancelledError, ConnectionResetError):

@@ -17,7 +17,7 @@ Workloads (seeded; ``--seed``):
 - shared_prefix: 72 tenants, each with its own system prompt of 1.5-4k tokens, short
   questions (30-120 tokens), Zipf(0.3) tenant popularity, Poisson arrivals (40/s for 4
   replicas, scaled with --replicas), 32-160 output tokens.
-- multiturn: conversations from ../shared/data/workloads/sharegpt_multiturn_dev.jsonl (or
+- multiturn: conversations from the evaluation data's workloads/sharegpt_multiturn_dev.jsonl (or
   ``--conversations FILE``, same format), started as a Poisson process and replayed turn by
   turn: each request carries the conversation so far, with the simulated model's own earlier
   replies (so, as in production, they are in the replica's cache); the next turn comes after
@@ -60,6 +60,7 @@ from typing import Any
 
 from bench._routing_des import Job, PoolRun, RunResult, SimClock, Workload, percentile
 from bench._ttft_bound import ttft_floors
+from bench.data import data_file, require
 from bench.sim.params import SimParams, load_profile
 from bench.sim.tokenizer import SPECIAL_TOKENS, detokenize
 from bench.sim.tokenizer import tokenize as sim_tokenize
@@ -74,9 +75,7 @@ from routing.router import Router, RoutingDecision, RoutingRequest
 from routing.session import SessionRouter
 from routing.sglang_cache_aware import SGLangCacheAwareRouter
 
-DEFAULT_CONVERSATIONS = (
-    Path(__file__).resolve().parents[2] / "shared/data/workloads/sharegpt_multiturn_dev.jsonl"
-)
+DEFAULT_CONVERSATIONS = data_file("workloads/sharegpt_multiturn_dev.jsonl")
 STRATEGIES = (
     "round_robin",
     "least_loaded",
@@ -405,7 +404,7 @@ def build_workload(
     if name == "no_reuse":
         return NoReuse(scale, seed, tok, replicas)
     if name == "multiturn":
-        return MultiTurn(scale, seed, tok, replicas, conversations, params.max_model_len)
+        return MultiTurn(scale, seed, tok, replicas, require(conversations), params.max_model_len)
     raise ValueError(f"unknown workload {name}")
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway import admin, handlers
+from gateway.build import build_runtime
 from gateway.keys import LIVE, METRICS, ORCHESTRATOR, SLO
 from gateway.live import LivePolicy, budgets
 from gateway.middleware import context_middleware, error_middleware
@@ -22,7 +23,6 @@ from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import SloCollector, SloTracker
 from gateway.observability.tracing import Telemetry
 from gateway.orchestrator import Orchestrator
-from gateway.runtime import build_runtime
 from gateway.stages.cache import CacheCollector
 from policies.loader import PolicySource
 from policies.schema import Policy

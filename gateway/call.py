@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 from multidict import CIMultiDict
 
+from gateway.errors import PayloadTooLarge
 from gateway.observability.tracing import RequestSpan
 from gateway.protocol.openai import ParsedRequest
+from gateway.upstream.client import FORWARDED_HEADERS
 from routing.prompt_text import render_for_routing
 
 if TYPE_CHECKING:
@@ -69,3 +71,34 @@ class Call:
     def include_usage(self) -> bool:
         opts = self.parsed.body.get("stream_options")
         return isinstance(opts, dict) and bool(opts.get("include_usage"))
+
+
+def upstream_headers(request: web.Request) -> CIMultiDict[str]:
+    """What travels upstream of the caller's headers (never its API key)."""
+    headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json"})
+    for name in FORWARDED_HEADERS:
+        value = request.headers.get(name)
+        if value is not None:
+            headers[name] = value
+    return headers
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request body, refused (413) past ``limit`` bytes."""
+    length = request.content_length
+    if length is not None:
+        if length > limit:
+            raise PayloadTooLarge(
+                f"request body is {length} bytes; the limit is {limit}", code="body_too_large"
+            )
+        return await request.read()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(65536):
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(
+                f"request body exceeds the limit of {limit} bytes", code="body_too_large"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)

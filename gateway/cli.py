@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     """Validate the file, then load what it names (artifacts, tokenizers) as serving would."""
-    from gateway.runtime import prepare
+    from gateway.build import prepare
 
     try:
         policy, source = read_policy(args.policy)

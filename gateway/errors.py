@@ -6,7 +6,6 @@
 | Unauthorized       | 401    | authentication_error  | missing or unknown API key                  |
 | NotFound           | 404    | not_found_error       | unknown model or route                      |
 | PayloadTooLarge    | 413    | invalid_request_error | body over server.max_body_bytes             |
-| RateLimited        | 429    | rate_limit_error      | admission refused                           |
 | UpstreamError      | 502    | upstream_error        | connect error or 5xx after retries          |
 | Unavailable        | 503    | service_unavailable   | no healthy replica (with Retry-After)       |
 | UpstreamTimeout    | 504    | timeout_error         | the upstream did not answer in time         |
@@ -68,11 +67,6 @@ class NotFound(GatewayError):
 class PayloadTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
-
-
-class RateLimited(GatewayError):
-    status = 429
-    type = "rate_limit_error"
 
 
 class UpstreamError(GatewayError):

@@ -13,9 +13,10 @@ import asyncio
 import logging
 from pathlib import Path
 
+from gateway.build import build_runtime, retire
 from gateway.observability.slo import SloTracker
 from gateway.observability.tracing import Telemetry
-from gateway.runtime import Runtime, build_runtime, retire
+from gateway.runtime import Runtime
 from policies.loader import PolicyError, read_policy
 from policies.schema import Policy
 from policies.surfaces import Budget

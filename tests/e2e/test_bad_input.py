@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,18 +11,14 @@ import aiohttp
 import openai
 import pytest
 
-from tests.conftest import FakeFactory, GatewayFactory, RunningGateway
+from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, build_policy, vllm
 
 
-def policy(url: str, extra: str = "") -> str:
-    return f"""
-server: {{max_body_bytes: 2048}}
-backends:
-  up: {{kind: vllm, replicas: ["{url}"], health: {{interval_s: 60}}}}
-models:
-  m: {{backend: up, model: fake-model}}
-{extra}
-"""
+def policy(url: str, extra: str = "", **more: Any) -> str:
+    """One fake backend serving ``m``, with a 2 KiB body limit; ``more``: backends and models."""
+    backends = {"up": vllm(url), **more.pop("backends", {})}
+    models = {"m": {"backend": "up", "model": "fake-model"}, **more.pop("models", {})}
+    return build_policy(backends, models, extra, server={"max_body_bytes": 2048}, **more)
 
 
 async def post(
@@ -176,56 +173,34 @@ async def test_tenant_keys(
 
 
 async def test_reload_keeps_running_policy_when_new_one_is_bad(
-    make_fake: FakeFactory, tmp_path: Path
+    make_fake: FakeFactory, make_gateway: GatewayFactory, tmp_path: Path
 ) -> None:
-    from aiohttp import web
-
-    from bench.fake_upstream import site_port
-    from gateway.app import create_app
-    from gateway.keys import LIVE
-    from policies.loader import load_policy
-
     up = await make_fake()
     other = await make_fake(models=("second",))
     path = tmp_path / "policy.yaml"
     path.write_text(policy(up.url))
-    app = create_app(load_policy(path), str(path), path)
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site_port(site)
-    root = f"http://127.0.0.1:{port}"
-    try:
-        path.write_text(policy(up.url) + "  m2: {backend: nowhere}\n")
-        async with aiohttp.ClientSession() as s, s.post(root + "/admin/reload") as r:
-            assert r.status == 400
-            message = (await r.json())["error"]["message"]
-        assert f"{path}:8: models.m2.backend: no backend named 'nowhere'" in message
-        assert "m2" not in app[LIVE].current.policy.models  # still the old policy
-        path.write_text(policy(up.url) + "  m2: {backend: two}\nbackends2: 1\n")
-        async with aiohttp.ClientSession() as s, s.post(root + "/admin/reload") as r:
-            assert r.status == 400
-            assert "backends2: unknown key" in (await r.json())["error"]["message"]
-        good = (
-            policy(up.url).replace(
-                "backends:\n",
-                f'backends:\n  two: {{kind: vllm, replicas: ["{other.url}"], health: {{interval_s: 60}}}}\n',
-            )
-            + "  m2: {backend: two}\n"
-        )
-        path.write_text(good)
-        old_pool = app[LIVE].current.pools["up"]
-        async with aiohttp.ClientSession() as s, s.post(root + "/admin/reload") as r:
-            assert r.status == 200
-        rt = app[LIVE].current
-        assert "m2" in rt.policy.models
-        assert rt.pools["up"] is old_pool  # unchanged backends keep their state
-        client = openai.AsyncOpenAI(base_url=root + "/v1", api_key="x", max_retries=0)
-        await client.chat.completions.create(
-            model="m2", messages=[{"role": "user", "content": "x"}]
-        )
-        await client.close()
-        assert other.fake.requests[-1].body["model"] == "second"
-    finally:
-        await runner.cleanup()
+    gw = await make_gateway(path.read_text(), policy_path=path)
+
+    async def reload() -> tuple[int, str]:
+        async with aiohttp.ClientSession() as s, s.post(gw.root + "/admin/reload") as r:
+            return r.status, (await r.json()).get("error", {}).get("message", "")
+
+    path.write_text(policy(up.url, models={"m2": {"backend": "nowhere"}}))
+    status, message = await reload()
+    assert status == 400
+    assert re.search(
+        rf"{re.escape(str(path))}:\d+: models.m2.backend: no backend named 'nowhere'", message
+    )
+    assert "m2" not in gw.runtime.policy.models  # still the old policy
+    path.write_text(policy(up.url, backends2=1))
+    status, message = await reload()
+    assert status == 400 and "backends2: unknown key" in message
+    good = policy(up.url, backends={"two": vllm(other.url)}, models={"m2": {"backend": "two"}})
+    path.write_text(good)
+    old_pool = gw.runtime.pools["up"]
+    assert (await reload())[0] == 200
+    rt = gw.runtime
+    assert "m2" in rt.policy.models
+    assert rt.pools["up"] is old_pool  # unchanged backends keep their state
+    await gw.client.chat.completions.create(model="m2", messages=[{"role": "user", "content": "x"}])
+    assert other.fake.requests[-1].body["model"] == "second"

@@ -9,24 +9,18 @@ import aiohttp
 import pytest
 
 from tests.cache.conftest import RedisServer
-from tests.conftest import FakeFactory, GatewayFactory, RunningGateway
+from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, pool_policy
 
 QUESTION: Any = [{"role": "user", "content": "What is the boiling point of water at sea level?"}]
 
 
-def policy(url: str, cache: str, store: str = "", tenants: str = "") -> str:
-    return f"""
-backends:
-  up: {{kind: vllm, replicas: ["{url}"], health: {{interval_s: 60}}, routing: {{strategy: least_loaded, scrape_interval_s: 0}}}}
-models:
-  m: {{backend: up, model: fake-model}}
-surfaces:
-  chat:
-    match: {{header: chat}}
-    cache: {cache}
-{store}
-{tenants}
-"""
+EXACT: dict[str, Any] = {"exact": True}
+
+
+def policy(url: str, cache: dict[str, Any], surface: str = "chat", **sections: Any) -> str:
+    """One fake backend; the surface ``chat`` (X-Surface: chat) caches with ``cache``."""
+    match = {"match": {"header": "chat"}} if surface == "chat" else {}
+    return pool_policy([url], surfaces={surface: {**match, "cache": cache}}, **sections)
 
 
 async def ask(
@@ -45,7 +39,7 @@ async def test_exact_hit_skips_the_upstream_and_replays_as_stream(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
     up = await make_fake(chunks=3)
-    gw = await make_gateway(policy(up.url, "{exact: true}"))
+    gw = await make_gateway(policy(up.url, EXACT))
     assert await ask(gw) == ("hello from the fake upstream", "miss")
     text, kind = await ask(gw)
     assert (text, kind) == ("hello from the fake upstream", "exact")
@@ -71,7 +65,7 @@ async def test_streamed_answers_are_stored_and_only_complete_ones(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
     up = await make_fake(chunks=4)
-    gw = await make_gateway(policy(up.url, "{exact: true}"))
+    gw = await make_gateway(policy(up.url, EXACT))
     up.fake.queue("midstream_drop")
     stream = await gw.client.chat.completions.create(
         model="m",
@@ -105,7 +99,7 @@ async def test_cache_control_temperature_and_other_surfaces(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
     up = await make_fake()
-    gw = await make_gateway(policy(up.url, "{exact: true}"))
+    gw = await make_gateway(policy(up.url, EXACT))
     await ask(gw, extra_headers={"Cache-Control": "no-store"})
     assert (await ask(gw))[1] == "miss"  # no-store: nothing was kept
     assert (await ask(gw, extra_headers={"Cache-Control": "no-cache"}))[1] == "miss"
@@ -134,17 +128,13 @@ async def test_tenants_never_share_entries(
     monkeypatch.setenv("CACHE_TEST_KEY_A", "tenant-a-key-1")
     monkeypatch.setenv("CACHE_TEST_KEY_B", "tenant-b-key-1")
     up = await make_fake()
-    tenants = """tenants:
-  a: {api_keys: ["${CACHE_TEST_KEY_A}"]}
-  b: {api_keys: ["${CACHE_TEST_KEY_B}"]}
-"""
-    store = f'cache_store: {{redis_url: "{redis_server.url}"}}'
-    gw_a = await make_gateway(
-        policy(up.url, "{exact: true}", store, tenants), api_key="tenant-a-key-1"
-    )
-    gw_b = await make_gateway(
-        policy(up.url, "{exact: true}", store, tenants), api_key="tenant-b-key-1"
-    )
+    tenants = {
+        "a": {"api_keys": ["${CACHE_TEST_KEY_A}"]},
+        "b": {"api_keys": ["${CACHE_TEST_KEY_B}"]},
+    }
+    yaml = policy(up.url, EXACT, tenants=tenants, cache_store={"redis_url": redis_server.url})
+    gw_a = await make_gateway(yaml, api_key="tenant-a-key-1")
+    gw_b = await make_gateway(yaml, api_key="tenant-b-key-1")
     assert (await ask(gw_a))[1] == "miss"
     assert (await ask(gw_a))[1] == "exact"
     assert (await ask(gw_b))[1] == "miss"  # same question, same Redis, other tenant
@@ -155,9 +145,9 @@ async def test_two_gateways_share_redis_and_survive_its_death(
     make_fake: FakeFactory, make_gateway: GatewayFactory, redis_server: RedisServer
 ) -> None:
     up = await make_fake()
-    store = f'cache_store: {{redis_url: "{redis_server.url}", timeout_ms: 50}}'
-    first = await make_gateway(policy(up.url, "{exact: true}", store))
-    second = await make_gateway(policy(up.url, "{exact: true}", store))
+    store = {"redis_url": redis_server.url, "timeout_ms": 50}
+    first = await make_gateway(policy(up.url, EXACT, cache_store=store))
+    second = await make_gateway(policy(up.url, EXACT, cache_store=store))
     assert (await ask(first))[1] == "miss"
     assert (await ask(second))[1] == "exact"  # stored by the other instance
     redis_server.stop()
@@ -179,7 +169,7 @@ async def test_two_gateways_share_redis_and_survive_its_death(
 
 async def test_admin_purge(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
     up = await make_fake()
-    gw = await make_gateway(policy(up.url, "{exact: true}"))
+    gw = await make_gateway(policy(up.url, EXACT))
     await ask(gw)
     assert (await ask(gw))[1] == "exact"
     async with aiohttp.ClientSession() as s:
@@ -195,7 +185,7 @@ async def test_semantic_hit_on_a_paraphrase_and_not_on_a_different_number(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
     up = await make_fake()
-    gw = await make_gateway(policy(up.url, "{exact: true, semantic: {}}"))
+    gw = await make_gateway(policy(up.url, {"exact": True, "semantic": {}}))
     await ask(gw, messages=[{"role": "user", "content": "How do I reset my password?"}])
     raw = await gw.client.chat.completions.with_raw_response.create(
         model="m",
@@ -219,11 +209,7 @@ async def test_a_surface_named_default_applies_when_nothing_else_matches(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
     up = await make_fake()
-    gw = await make_gateway(
-        policy(up.url, "{exact: true}").replace(
-            "  chat:\n    match: {header: chat}\n", "  default:\n"
-        )
-    )
+    gw = await make_gateway(policy(up.url, EXACT, surface="default"))
     for expected in ("miss", "exact"):
         raw = await gw.client.chat.completions.with_raw_response.create(
             model="m", messages=QUESTION, temperature=0

@@ -13,29 +13,32 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.observability.tracing import Telemetry
 from policies.server import TelemetryConfig
-from tests.conftest import FakeFactory, GatewayFactory, RunningFake, RunningGateway
+from tests.conftest import (
+    FakeFactory,
+    GatewayFactory,
+    RunningFake,
+    RunningGateway,
+    build_policy,
+    vllm,
+)
 
 MESSAGES: Any = [{"role": "user", "content": "Tom has 3 boxes of 4 apples. How many apples?"}]
 GOOD = "3 boxes x 4 apples = 12 apples. #### 12"
 
 
-def policy(small: RunningFake, large: RunningFake, tier: str) -> str:
-    return f"""
-backends:
-  small: {{kind: vllm, replicas: ["{small.url}"], health: {{interval_s: 60}}, routing: {{strategy: least_loaded, scrape_interval_s: 0}}}}
-  large: {{kind: openai, base_url: "{large.url}"}}
-models:
-  auto:
-    tiers: [small, {{backend: large, model: big-model}}]
-    {tier}
-"""
+def policy(small: RunningFake, large: RunningFake, surfaces: Any = None, **tier: Any) -> str:
+    """``auto`` over a small vLLM-like backend and a large OpenAI-like one; ``tier``: its settings."""
+    backends = {"small": vllm(small.url), "large": {"kind": "openai", "base_url": large.url}}
+    auto = {"tiers": ["small", {"backend": "large", "model": "big-model"}], **tier}
+    extra = {"surfaces": surfaces} if surfaces else {}
+    return build_policy(backends, {"auto": auto}, **extra)
 
 
 async def test_route_mode_follows_the_threshold(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
     small, large = await make_fake(reply="small"), await make_fake(reply="large")
-    everything_large = await make_gateway(policy(small, large, "mode: route\n    threshold: -1.0"))
+    everything_large = await make_gateway(policy(small, large, mode="route", threshold=-1.0))
     raw = await everything_large.client.chat.completions.with_raw_response.create(
         model="auto", messages=MESSAGES
     )
@@ -44,14 +47,14 @@ async def test_route_mode_follows_the_threshold(
     assert large.fake.requests[-1].body["model"] == "big-model"
     score = float(raw.headers["x-gateway-difficulty"])
     assert -1.0 <= score <= 1.0
-    nothing_large = await make_gateway(policy(small, large, "mode: route\n    threshold: 1.0"))
+    nothing_large = await make_gateway(policy(small, large, mode="route", threshold=1.0))
     raw = await nothing_large.client.chat.completions.with_raw_response.create(
         model="auto", messages=MESSAGES
     )
     assert raw.headers["x-gateway-tier"] == "small"
     assert len(small.fake.requests) == 1 and len(large.fake.requests) == 1
     # The shipped threshold splits real prompts: an easy one and a hard one differ in score.
-    shipped = await make_gateway(policy(small, large, "mode: route"))
+    shipped = await make_gateway(policy(small, large, mode="route"))
     easy = await shipped.client.chat.completions.with_raw_response.create(
         model="auto", messages=[{"role": "user", "content": "What is 2 + 2?"}]
     )
@@ -75,7 +78,7 @@ async def test_cascade_keeps_a_good_small_answer_and_streams_it(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
     small, large = await make_fake(reply=GOOD), await make_fake(reply="large")
-    gw = await make_gateway(policy(small, large, "mode: cascade\n    threshold: 1.0"))
+    gw = await make_gateway(policy(small, large, mode="cascade", threshold=1.0))
     raw = await gw.client.chat.completions.with_raw_response.create(
         model="auto", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
     )
@@ -92,7 +95,7 @@ async def test_cascade_escalates_and_the_client_sees_only_the_large_stream(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
     small, large = await make_fake(reply="I am not sure."), await make_fake(chunks=3)
-    gw = await make_gateway(policy(small, large, "mode: cascade\n    threshold: -1.0"))
+    gw = await make_gateway(policy(small, large, mode="cascade", threshold=-1.0))
     raw = await gw.client.chat.completions.with_raw_response.create(
         model="auto", messages=MESSAGES, stream=True
     )
@@ -108,7 +111,7 @@ async def test_empty_small_answer_always_escalates(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
     small, large = await make_fake(reply=""), await make_fake(reply="large answer")
-    gw = await make_gateway(policy(small, large, "mode: cascade\n    threshold: 1.0"))
+    gw = await make_gateway(policy(small, large, mode="cascade", threshold=1.0))
     r = await gw.client.chat.completions.create(model="auto", messages=MESSAGES)
     assert r.choices[0].message.content == "large answer"
 
@@ -119,8 +122,8 @@ async def test_commit_point_holds_tokens_until_the_verdict(
 ) -> None:
     small = await make_fake(chunks=6, chunk_interval_ms=5)
     large = await make_fake(chunks=2, reply="x")
-    tier = f"mode: cascade\n    threshold: {threshold}\n    commit: {{tokens: 3}}"
-    gw = await make_gateway(policy(small, large, tier))
+    tier = {"mode": "cascade", "threshold": threshold, "commit": {"tokens": 3}}
+    gw = await make_gateway(policy(small, large, **tier))
     raw = await gw.client.chat.completions.with_raw_response.create(
         model="auto", messages=MESSAGES, stream=True
     )
@@ -138,12 +141,12 @@ async def test_large_tier_failure_falls_back_to_the_small_answer(
 ) -> None:
     small, large = await make_fake(reply="maybe 12"), await make_fake()
     large.fake.queue("status:503", "status:503")
-    gw = await make_gateway(policy(small, large, "mode: cascade\n    threshold: -1.0"))
+    gw = await make_gateway(policy(small, large, mode="cascade", threshold=-1.0))
     raw = await gw.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
     assert raw.headers["x-gateway-tier-fallback"] == "small"
     assert raw.parse().choices[0].message.content == "maybe 12"
     no_fallback = await make_gateway(
-        policy(small, large, "mode: cascade\n    threshold: -1.0\n    fallback_to_small: false")
+        policy(small, large, mode="cascade", threshold=-1.0, fallback_to_small=False)
     )
     large.fake.queue("status:503", "status:503")
     with pytest.raises(openai.APIStatusError) as info:
@@ -155,7 +158,7 @@ async def test_embeddings_on_a_tiered_alias_is_a_400(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
     small, large = await make_fake(), await make_fake()
-    gw = await make_gateway(policy(small, large, "mode: route"))
+    gw = await make_gateway(policy(small, large, mode="route"))
     with pytest.raises(openai.BadRequestError) as err:
         await gw.client.embeddings.create(model="auto", input="hello")
     assert err.value.param == "model" and "tiered" in err.value.message
@@ -164,12 +167,7 @@ async def test_embeddings_on_a_tiered_alias_is_a_400(
 
 # --- the cascade goes through the one relay path: what holds for plain requests holds here ---
 
-DEADLINE_SURFACE = """
-surfaces:
-  default:
-    budget: {total_ms: 700}
-    actions: {deadline: true}
-"""
+DEADLINE_SURFACE = {"default": {"budget": {"total_ms": 700}, "actions": {"deadline": True}}}
 
 
 async def test_a_cascade_honours_the_surface_deadline(
@@ -178,8 +176,8 @@ async def test_a_cascade_honours_the_surface_deadline(
     """A kept small answer that would stream for 2 s is ended at total_ms (700 ms)."""
     small = await make_fake(chunks=20, chunk_interval_ms=100)
     large = await make_fake()
-    tier = "mode: cascade\n    threshold: 1.0\n    commit: {tokens: 4}"
-    gw = await make_gateway(policy(small, large, tier) + DEADLINE_SURFACE)
+    tier = {"mode": "cascade", "threshold": 1.0, "commit": {"tokens": 4}}
+    gw = await make_gateway(policy(small, large, DEADLINE_SURFACE, **tier))
     started = time.perf_counter()
     stream = await gw.client.chat.completions.create(model="auto", messages=MESSAGES, stream=True)
     chunks = [c async for c in stream]
@@ -199,7 +197,7 @@ async def test_a_cascade_stream_with_parallel_tool_calls_passes_the_sdk_stream_h
     small = await make_fake(reply="Checking both.", tool_calls=2)
     large = await make_fake(reply="x", tool_calls=2, chunks=2)
     for threshold, tier in ((1.0, "small"), (-1.0, "large")):
-        gw = await make_gateway(policy(small, large, f"mode: cascade\n    threshold: {threshold}"))
+        gw = await make_gateway(policy(small, large, mode="cascade", threshold=threshold))
         async with gw.client.chat.completions.stream(
             model="auto", messages=MESSAGES, tools=TOOLS
         ) as stream:
@@ -224,9 +222,9 @@ async def test_a_cascade_records_inter_token_gaps_the_span_summary_and_fills_the
     telemetry = Telemetry.from_config(
         TelemetryConfig(enabled=True, sample_ratio=1.0), exporter=exporter, batch=False
     )
-    tier = "mode: cascade\n    threshold: 1.0\n    commit: {tokens: 2}"
-    cached = "\nsurfaces:\n  default:\n    cache: {exact: true}\n"
-    gw = await make_gateway(policy(small, large, tier) + cached, telemetry=telemetry)
+    tier = {"mode": "cascade", "threshold": 1.0, "commit": {"tokens": 2}}
+    cached = {"default": {"cache": {"exact": True}}}
+    gw = await make_gateway(policy(small, large, cached, **tier), telemetry=telemetry)
     request: Any = {"model": "auto", "messages": MESSAGES, "stream": True, "temperature": 0}
     texts = [
         c.choices[0].delta.content

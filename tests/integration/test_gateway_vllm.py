@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from deploy.local.localpool import LocalVllmPool
-from tests.conftest import GatewayFactory, RunningGateway
+from tests.conftest import GatewayFactory, RunningGateway, build_policy, vllm
 
 pytestmark = pytest.mark.vllm
 
@@ -19,16 +19,10 @@ MESSAGES: Any = [{"role": "user", "content": "Tell me about the standard library
 
 
 def pool_policy(pool: LocalVllmPool) -> str:
-    replicas = ", ".join(f'"{u}"' for u in pool.replicas)
-    return f"""
-backends:
-  local:
-    kind: vllm
-    replicas: [{replicas}]
-    health: {{interval_s: 1}}
-models:
-  default: {{backend: local}}
-"""
+    """The real replicas as one backend, scraped and health-checked every second."""
+    routing = {"strategy": "least_loaded", "scrape_interval_s": 1.0}
+    backend = vllm(*pool.replicas, health={"interval_s": 1}, routing=routing)
+    return build_policy({"local": backend}, {"default": {"backend": "local"}})
 
 
 async def replica_metric(root_url: str, name: str) -> float:

@@ -10,7 +10,6 @@ share cached blocks. Evidence comes from the replicas' own counters, not client 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from typing import Any
 
@@ -18,7 +17,7 @@ import aiohttp
 import pytest
 
 from deploy.local.localpool import LocalVllmPool
-from tests.conftest import GatewayFactory
+from tests.conftest import GatewayFactory, build_policy, vllm
 
 pytestmark = pytest.mark.vllm
 
@@ -76,9 +75,9 @@ async def totals(pool: LocalVllmPool) -> dict[str, float]:
     return out
 
 
-def routing_yaml(pool: LocalVllmPool, strategy: str) -> str:
+def routing_settings(pool: LocalVllmPool, strategy: str) -> dict[str, Any]:
     if strategy != "prefix_precise":
-        return f"{{strategy: {strategy}}}"
+        return {"strategy": strategy, "scrape_interval_s": 1.0}
     # KV events from each replica's ZMQ publisher; the engine's own tokenizer.
     endpoints = {
         r.base_url: {"endpoint": r.kv_events.publisher, "replay_endpoint": r.kv_events.replay}
@@ -88,26 +87,17 @@ def routing_yaml(pool: LocalVllmPool, strategy: str) -> str:
     assert len(endpoints) == pool.count, "the pool must publish KV events"
     # pending_ttl_s 0: a match can only come from blocks the replica reported, never from the
     # gateway's own record of where it sent a prefix.
-    settings = {"strategy": strategy, "tokenizer": str(pool.model_dir), "pending_ttl_s": 0,
-                "kv_events": {"endpoints": endpoints}}  # fmt: skip
-    return json.dumps(settings)
+    return {"strategy": strategy, "tokenizer": str(pool.model_dir), "pending_ttl_s": 0,
+            "kv_events": {"endpoints": endpoints}}  # fmt: skip
 
 
 async def run_arm(
     pool: LocalVllmPool, make_gateway: GatewayFactory, strategy: str, label: str = ""
 ) -> dict[str, Any]:
     """``label`` names the arm's prompts (default: the strategy): arms never share a prefix."""
-    replicas = ", ".join(f'"{u}"' for u in pool.replicas)
-    gw = await make_gateway(f"""
-backends:
-  local:
-    kind: vllm
-    replicas: [{replicas}]
-    health: {{interval_s: 5}}
-    routing: {routing_yaml(pool, strategy)}
-models:
-  default: {{backend: local}}
-""")
+    routing = routing_settings(pool, strategy)
+    backend = vllm(*pool.replicas, health={"interval_s": 5}, routing=routing)
+    gw = await make_gateway(build_policy({"local": backend}, {"default": {"backend": "local"}}))
     if strategy == "prefix_precise":
         await asyncio.sleep(1.0)  # ZMQ subscriptions join after connect (slow joiner)
     before = await totals(pool)

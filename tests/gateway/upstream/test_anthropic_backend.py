@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.build import prepare
 from gateway.observability.tracing import Telemetry
-from gateway.runtime import Resources, Runtime, prepare
+from gateway.runtime import Resources, Runtime
 from gateway.upstream.providers.anthropic import AnthropicProvider
 from policies.backends import AnthropicBackend
 from policies.loader import PolicyError, PolicySource, parse_policy

@@ -263,7 +263,7 @@ def test_priority_policy_serves_lower_values_first() -> None:
     assert order == ["interactive", "normal", "batch"]
 
 
-VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+VLLM_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 _VLLM_HASHES = """
 import json, sys
 from vllm.utils.hashing import sha256, sha256_cbor

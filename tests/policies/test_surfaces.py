@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from pydantic import ValidationError
 
-from gateway.observability.summary import StreamSummarizer, summarize_body
 from policies.server import AdmissionConfig, TelemetryConfig
 from policies.surfaces import Budget, HedgeConfig, SurfaceActions, action_errors
 
@@ -77,40 +74,3 @@ def test_actions_are_checked_against_the_budget() -> None:
     assert action_errors(actions, Budget())[2] == "actions.budget_routing needs budget.ttft_ms"
     ok = SurfaceActions(cap_output=True, hedge=HedgeConfig(enabled=True, delay_ms=100))
     assert action_errors(ok, Budget(ttft_ms=500, total_ms=5000)) == []
-
-
-def test_summary_of_a_json_answer() -> None:
-    body = {
-        "id": "c1",
-        "model": "llama",
-        "choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 2},
-    }
-    s = summarize_body(json.dumps(body).encode())
-    assert (s.model, s.response_id, s.input_tokens, s.output_tokens) == ("llama", "c1", 5, 2)
-    assert s.finish_reasons == ["stop"] and s.text == []
-    assert summarize_body(json.dumps(body).encode(), collect_text=True).text == ["hi"]
-    assert summarize_body(b"not json").model is None
-
-
-def sse(obj: object) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
-def test_summary_of_a_stream_split_anywhere() -> None:
-    events = [
-        sse({"id": "c2", "model": "llama", "choices": [{"delta": {"role": "assistant"}}]}),
-        sse({"choices": [{"delta": {"content": "a"}, "finish_reason": None}]}),
-        sse({"choices": [{"delta": {"content": "b"}, "finish_reason": "length"}]}),
-        sse({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2}}),
-        b"data: [DONE]\n\n",
-    ]
-    stream = b"".join(events)
-    for cut in range(1, len(stream), 7):  # every way a read boundary may fall
-        summarizer = StreamSummarizer(collect_text=True)
-        summarizer.feed(stream[:cut])
-        summarizer.feed(stream[cut:])
-        s = summarizer.summary
-        assert (s.model, s.response_id, s.input_tokens, s.output_tokens) == ("llama", "c2", 9, 2)
-        assert s.finish_reasons == ["length"]
-        assert "".join(s.text) == "ab"

@@ -1,0 +1,44 @@
+"""What the span learns from an answer: model, id, usage, finish reasons."""
+
+from __future__ import annotations
+
+import json
+
+from gateway.observability.summary import StreamSummarizer, summarize_body
+
+
+def test_summary_of_a_json_answer() -> None:
+    body = {
+        "id": "c1",
+        "model": "llama",
+        "choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2},
+    }
+    s = summarize_body(json.dumps(body).encode())
+    assert (s.model, s.response_id, s.input_tokens, s.output_tokens) == ("llama", "c1", 5, 2)
+    assert s.finish_reasons == ["stop"] and s.text == []
+    assert summarize_body(json.dumps(body).encode(), collect_text=True).text == ["hi"]
+    assert summarize_body(b"not json").model is None
+
+
+def sse(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def test_summary_of_a_stream_split_anywhere() -> None:
+    events = [
+        sse({"id": "c2", "model": "llama", "choices": [{"delta": {"role": "assistant"}}]}),
+        sse({"choices": [{"delta": {"content": "a"}, "finish_reason": None}]}),
+        sse({"choices": [{"delta": {"content": "b"}, "finish_reason": "length"}]}),
+        sse({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2}}),
+        b"data: [DONE]\n\n",
+    ]
+    stream = b"".join(events)
+    for cut in range(1, len(stream), 7):  # every way a read boundary may fall
+        summarizer = StreamSummarizer(collect_text=True)
+        summarizer.feed(stream[:cut])
+        summarizer.feed(stream[cut:])
+        s = summarizer.summary
+        assert (s.model, s.response_id, s.input_tokens, s.output_tokens) == ("llama", "c2", 9, 2)
+        assert s.finish_reasons == ["length"]
+        assert "".join(s.text) == "ab"

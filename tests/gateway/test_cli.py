@@ -1,0 +1,95 @@
+"""``llm-gateway check``: the file, then what it names, as serving would load it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "policies" / "examples"
+
+
+def test_shipped_examples_pass_check() -> None:
+    env = {"TENANT_A_KEY": "tenant-a-secret", "TENANT_B_KEY": "tenant-b-secret", "PATH": ""}
+    for name in ("single-backend.yaml", "tenants.yaml", "demo.yaml"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "gateway", "check", str(EXAMPLES / name)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "OK" in proc.stdout
+
+
+def test_check_exit_1_with_precise_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "backends:\n  pool:\n    kind: vllm\n    replicas: [http://a:1/v1]\nmodels:\n  m: {backend: nope}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert f"{bad}:6: models.m.backend: no backend named 'nope'" in proc.stderr
+
+
+def check(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "check", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+TIERED = """backends:
+  small: {kind: vllm, replicas: ["http://127.0.0.1:9/v1"]}
+  large: {kind: openai, base_url: "http://127.0.0.1:9/v1"}
+models:
+  auto:
+    tiers: [small, large]
+    mode: cascade
+    artifact: ARTIFACT
+"""
+
+
+def test_check_loads_the_artifact_a_tiered_alias_names(tmp_path: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text(TIERED.replace("ARTIFACT", "/nonexistent/difficulty.json"))
+    proc = check(policy)
+    assert proc.returncode == 1
+    assert f"{policy}:8: models.auto.artifact: cannot load the tier artifact" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"format": "llm-gateway/tier-router/v1", "domains": []}')
+    policy.write_text(TIERED.replace("ARTIFACT", str(broken)))
+    proc = check(policy)
+    assert proc.returncode == 1 and "models.auto.artifact" in proc.stderr
+    shipped = ROOT / "routing" / "artifacts" / "difficulty.json"
+    policy.write_text(TIERED.replace("ARTIFACT", str(shipped)))
+    assert check(policy).returncode == 0
+
+
+def test_check_loads_the_tokenizer_of_precise_routing(tmp_path: Path) -> None:
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("{not a tokenizer")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "backends:\n"
+        "  pool:\n"
+        "    kind: vllm\n"
+        '    replicas: ["http://127.0.0.1:9/v1"]\n'
+        f"    routing: {{strategy: prefix_precise, tokenizer: {tokenizer}}}\n"
+    )
+    proc = check(policy)
+    assert proc.returncode == 1
+    assert f"{policy}:5: backends.pool.routing: tokenizer" in proc.stderr

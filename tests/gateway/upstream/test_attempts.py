@@ -1,0 +1,90 @@
+"""The attempt opener on its own: replica choice, retries, fallbacks, time-outs, finishing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.errors import Unavailable, UpstreamError, UpstreamTimeout
+from gateway.observability.metrics import GatewayMetrics
+from gateway.upstream.attempts import AttemptOpener
+from tests.conftest import FakeFactory, build_policy, closed_port_url, vllm
+from tests.gateway.conftest import RuntimeFactory, make_call
+
+BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def opener() -> AttemptOpener:
+    return AttemptOpener(GatewayMetrics(lambda: []))
+
+
+async def test_a_5xx_is_retried_once_on_another_replica_then_the_fallback(
+    make_fake: FakeFactory, make_runtime: RuntimeFactory
+) -> None:
+    a, b, c = await make_fake(), await make_fake(), await make_fake(models=("other",))
+    a.fake.queue("status:500")
+    b.fake.queue("status:502")
+    backends = {"up": vllm(a.url, b.url), "spare": vllm(c.url)}
+    models = {"m": {"backend": "up", "model": "fake-model", "fallbacks": ["spare"]}}
+    rt = await make_runtime(build_policy(backends, models))
+    attempt = await opener().open(make_call(rt, BODY), rt.targets("m"))
+    try:
+        assert attempt.target.pool.name == "spare"
+        assert attempt.target.upstream_model == "other"  # the fallback's own first model
+        assert attempt.decision.replica.outstanding == 1  # held until finished
+    finally:
+        body = await attempt.response.read()
+        attempt.finish(True)
+    assert b"hello" in body
+    assert attempt.decision.replica.outstanding == 0
+    assert len(a.fake.requests) == len(b.fake.requests) == len(c.fake.requests) == 1
+
+
+async def test_every_replica_failing_is_a_502_and_none_left_a_503(
+    make_fake: FakeFactory, make_runtime: RuntimeFactory
+) -> None:
+    up = await make_fake()
+    up.fake.queue("status:500", "status:500")
+    rt = await make_runtime(
+        build_policy({"up": vllm(up.url, closed_port_url())}, {"m": {"backend": "up"}})
+    )
+    with pytest.raises(UpstreamError):
+        await opener().open(make_call(rt, BODY), rt.targets("m"))
+    for replica in rt.pools["up"].replicas:
+        replica.mark_down("test")
+    with pytest.raises(Unavailable) as info:
+        await opener().open(make_call(rt, BODY), rt.targets("m"))
+    assert info.value.headers["Retry-After"] == rt.retry_after
+
+
+async def test_a_timeout_is_not_retried(
+    make_fake: FakeFactory, make_runtime: RuntimeFactory
+) -> None:
+    slow, other = await make_fake(), await make_fake()
+    slow.fake.queue("hang")
+    other.fake.queue("hang")
+    backend = vllm(slow.url, other.url, timeouts={"first_byte_s": 0.2})
+    rt = await make_runtime(build_policy({"up": backend}, {"m": {"backend": "up"}}))
+    with pytest.raises(UpstreamTimeout):
+        await opener().open(make_call(rt, BODY), rt.targets("m"))
+    assert len(slow.fake.requests) + len(other.fake.requests) == 1  # one wait, not two
+    assert all(r.outstanding == 0 for r in rt.pools["up"].replicas)
+
+
+async def test_the_surface_deadline_shortens_the_wait_for_headers(
+    make_fake: FakeFactory, make_runtime: RuntimeFactory
+) -> None:
+    up = await make_fake(latency_ms=2000)
+    surfaces = {
+        "fast": {
+            "match": {"header": "fast"},
+            "budget": {"total_ms": 200},
+            "actions": {"deadline": True},
+        }
+    }
+    rt = await make_runtime(
+        build_policy({"up": vllm(up.url)}, {"m": {"backend": "up"}}, surfaces=surfaces)
+    )
+    with pytest.raises(UpstreamTimeout):
+        await opener().open(make_call(rt, BODY, surface="fast"), rt.targets("m"))
