@@ -72,8 +72,9 @@ class CacheRequest:
     temperature: float | None
 
 
-def _content_text(content: Any) -> str | None:
-    """Text of a message's content; None when it holds anything but text parts."""
+def content_text(content: Any) -> str | None:
+    """Text of a message's content (text parts joined by newlines); None when it holds anything
+    but text (the gateway's rule for the user's text uses it too)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -93,7 +94,7 @@ def _canonical_message(message: Any) -> Any:
     if not isinstance(message, Mapping):
         return message
     out = dict(message)
-    text = _content_text(out.get("content"))
+    text = content_text(out.get("content"))
     if text is not None and isinstance(out.get("content"), list):
         # A list of text parts and the same text as a plain string ask the same question.
         out["content"] = text

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from cache.keys import content_text
 from gateway.errors import BadRequest
 
 
@@ -106,24 +107,8 @@ def user_text(endpoint: Endpoint, body: dict[str, Any]) -> str | None:
             and last.get("role") == "user"
             and last.keys() <= _PLAIN_MESSAGE_KEYS
         ):
-            text = _text_only(last.get("content"))
+            text = content_text(last.get("content"))
     return text if text is not None and text.strip() else None
-
-
-def _text_only(content: Any) -> str | None:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return None
-    texts: list[str] = []
-    for part in content:
-        if not isinstance(part, dict) or part.get("type") != "text":
-            return None
-        text = part.get("text")
-        if not isinstance(text, str):
-            return None
-        texts.append(text)
-    return "\n".join(texts)
 
 
 def _check_messages(messages: Any) -> None:
