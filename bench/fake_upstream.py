@@ -3,7 +3,9 @@
 Behaviour is fixed by its settings (latency before the response, number of stream chunks and
 the gap between them) and by a script of per-request actions that a test queues up
 (``"ok"``, ``"status:503"``, ``"drop"``, ``"hang"``, ``"midstream_drop"``, ``"hold_end:0.2"``:
-a stream's ``data: [DONE]`` sent, its end held back 0.2 s...). Nothing is random.
+a stream's ``data: [DONE]`` sent, its end held back 0.2 s; ``"tool_call"``: a call of the
+request's first tool...). Nothing is random. Like vLLM it also serves ``POST /tokenize`` and
+``POST /v1/responses`` (``bench.fake_responses``).
 Run standalone: ``python -m bench.fake_upstream --port 9000 --latency-ms 1 --chunks 64``.
 """
 
@@ -30,6 +32,8 @@ class FakeSettings:
     chunk_interval_ms: float = 0.0
     reply: str = "hello from the fake upstream"
     tool_calls: int = 0  # chat answers also call this many tools (finish_reason tool_calls)
+    cached_tokens: int = 0  # reported as prompt_tokens_details.cached_tokens when > 0
+    reasoning: str = ""  # returned as reasoning_content (streamed first) when set
 
 
 @dataclass
@@ -54,6 +58,10 @@ class FakeUpstream:
     def queue(self, *actions: str) -> None:
         self.script.extend(actions)
 
+    def record_request(self, request: web.Request, body: dict[str, Any]) -> None:
+        if self.record:
+            self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._completion)
@@ -62,6 +70,9 @@ class FakeUpstream:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        from bench.fake_responses import add_routes
+
+        add_routes(app, self)
         return app
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -81,8 +92,7 @@ class FakeUpstream:
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
         body: dict[str, Any] = await request.json()
-        if self.record:
-            self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+        self.record_request(request, body)
         action = self.script.popleft() if self.script else "ok"
         self.active += 1
         self.peak_active = max(self.peak_active, self.active)
@@ -118,10 +128,15 @@ class FakeUpstream:
         if body.get("stream"):
             hold_end = float(action.split(":", 1)[1]) if action.startswith("hold_end:") else 0.0
             return await self._stream(
-                request, body, chat, midstream_drop=action == "midstream_drop", hold_end=hold_end
+                request,
+                body,
+                chat,
+                midstream_drop=action == "midstream_drop",
+                hold_end=hold_end,
+                tool_call=action == "tool_call",
             )
         self.completed += 1
-        return web.json_response(self._full(body, chat))
+        return web.json_response(self._full(body, chat, action))
 
     def _embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         """One 3-dimensional vector per input: (its length, its index, 0.5)."""
@@ -144,7 +159,17 @@ class FakeUpstream:
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
 
-    def _full(self, body: dict[str, Any], chat: bool) -> dict[str, Any]:
+    def usage(self, prompt: int, completion: int) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        if self.settings.cached_tokens:
+            out["prompt_tokens_details"] = {"cached_tokens": self.settings.cached_tokens}
+        return out
+
+    def _full(self, body: dict[str, Any], chat: bool, action: str = "ok") -> dict[str, Any]:
         n = int(body.get("n") or 1)
         text = self.settings.reply
         choices: list[dict[str, Any]] = []
@@ -155,6 +180,11 @@ class FakeUpstream:
                 if self.settings.tool_calls:
                     msg["tool_calls"] = [_tool_call(j) for j in range(self.settings.tool_calls)]
                     finish = "tool_calls"
+                if self.settings.reasoning:
+                    msg["reasoning_content"] = self.settings.reasoning
+                call = _first_tool_call(body) if action == "tool_call" else None
+                if call is not None:
+                    msg["content"], msg["tool_calls"], finish = None, [call], "tool_calls"
                 choices.append(
                     {"index": i, "message": msg, "finish_reason": finish, "logprobs": None}
                 )
@@ -168,7 +198,7 @@ class FakeUpstream:
             "created": int(time.time()),
             "model": body.get("model", self.settings.models[0]),
             "choices": choices,
-            "usage": {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11},
+            "usage": self.usage(5, 6),
         }
 
     async def _stream(
@@ -178,13 +208,24 @@ class FakeUpstream:
         chat: bool,
         midstream_drop: bool,
         hold_end: float = 0.0,
+        tool_call: bool = False,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         model = body.get("model", self.settings.models[0])
         kind = "chat.completion.chunk" if chat else "text_completion"
         gap = self.settings.chunk_interval_ms / 1000
-        for i in range(self.settings.chunks):
+        head = {"id": "fake-1", "object": kind, "created": 0, "model": model}
+        if chat and self.settings.reasoning:
+            thought = {"role": "assistant", "reasoning_content": self.settings.reasoning}
+            await resp.write(
+                _sse({**head, "choices": [{"index": 0, "delta": thought, "finish_reason": None}]})
+            )
+        call = _first_tool_call(body) if chat and tool_call else None
+        if call is not None:
+            for piece in _tool_call_deltas(call):
+                await resp.write(_sse({**head, "choices": [piece]}))
+        for i in range(self.settings.chunks if call is None else 0):
             if i and gap:
                 await asyncio.sleep(gap)
             if chat:
@@ -215,11 +256,7 @@ class FakeUpstream:
                 raise ConnectionResetError("fake midstream drop")
         opts = body.get("stream_options") or {}
         if opts.get("include_usage"):
-            usage = {
-                "prompt_tokens": 5,
-                "completion_tokens": self.settings.chunks,
-                "total_tokens": 5 + self.settings.chunks,
-            }
+            usage = self.usage(5, self.settings.chunks)
             chunk = {
                 "id": "fake-1",
                 "object": kind,
@@ -244,6 +281,37 @@ def _tool_call(j: int) -> dict[str, Any]:
         "type": "function",
         "function": {"name": f"tool_{j}", "arguments": arguments},
     }
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def _first_tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
+    """A call of the request's first function tool (``{"city": "Paris"}``), or None."""
+    tools = body.get("tools") or []
+    if not tools or not isinstance(tools[0], dict):
+        return None
+    name = (tools[0].get("function") or {}).get("name", "")
+    arguments = json.dumps({"city": "Paris"})
+    return {
+        "id": "call_fake1",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def _tool_call_deltas(call: dict[str, Any]) -> list[dict[str, Any]]:
+    """The call as a stream sends it: id and name first, then the arguments in two pieces."""
+    args = call["function"]["arguments"]
+    half = len(args) // 2
+    first = {**call, "index": 0, "function": {"name": call["function"]["name"], "arguments": ""}}
+    pieces: list[dict[str, Any]] = [{"role": "assistant", "tool_calls": [first]}]
+    for part in (args[:half], args[half:]):
+        pieces.append({"tool_calls": [{"index": 0, "function": {"arguments": part}}]})
+    out: list[dict[str, Any]] = [{"index": 0, "delta": d, "finish_reason": None} for d in pieces]
+    out.append({"index": 0, "delta": {}, "finish_reason": "tool_calls"})
+    return out
 
 
 def site_port(site: web.TCPSite) -> int:

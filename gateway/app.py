@@ -14,7 +14,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gateway import admin, handlers
+from gateway import admin, dialect_routes, handlers
 from gateway.build import build_runtime
 from gateway.keys import LIVE, METRICS, ORCHESTRATOR, SLO
 from gateway.live import LivePolicy, budgets
@@ -53,6 +53,7 @@ def create_app(
     app[_SETUP] = (policy, source, policy_path, telemetry)
     app.cleanup_ctx.append(_live_policy)
     handlers.add_routes(app.router)
+    dialect_routes.add_routes(app.router)
     admin.add_routes(app.router)
     return app
 

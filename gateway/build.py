@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gateway.conversations import ResponseStore, StoreLimits, open_store
 from gateway.observability.tracing import Telemetry
 from gateway.runtime import Resources, Runtime
 from policies.backends import Backend, VllmBackend
@@ -90,6 +91,13 @@ def _extras(policy: Policy, source: PolicySource) -> list[PolicyIssue]:
                 issues.append(
                     source.issue(path, f"{what} need(s) the module {missing!r}: {_EXTRA_HINT}")
                 )
+    if policy.shared_state.redis_url and _first_absent(("redis",)) is not None:
+        issues.append(
+            source.issue(
+                ("shared_state", "redis_url"),
+                f"stored responses in Redis need the module 'redis': {_EXTRA_HINT}",
+            )
+        )
     return issues
 
 
@@ -250,11 +258,22 @@ async def _resources(
             from gateway.stages.cache import CacheStage
 
             cache = await CacheStage.open(config, redis_url, EMBEDDING_DIM)
+    responses = _response_store(policy, previous)
     if telemetry is not None:
-        return Resources(embedder, cache, telemetry, owns_telemetry=False)
+        return Resources(embedder, cache, telemetry, False, responses)
     if old is not None and previous is not None and previous.policy.telemetry == policy.telemetry:
-        return Resources(embedder, cache, old.telemetry, old.owns_telemetry)
-    return Resources(embedder, cache, Telemetry.from_config(policy.telemetry), owns_telemetry=True)
+        return Resources(embedder, cache, old.telemetry, old.owns_telemetry, responses)
+    return Resources(embedder, cache, Telemetry.from_config(policy.telemetry), True, responses)
+
+
+def _response_store(policy: Policy, previous: Runtime | None) -> ResponseStore:
+    """The running store when its settings did not change (an in-memory one keeps its data)."""
+    where = (policy.shared_state.redis_url, policy.responses_store)
+    if previous is not None:
+        old = previous.policy
+        if (old.shared_state.redis_url, old.responses_store) == where:
+            return previous.responses
+    return open_store(where[0], StoreLimits(**policy.responses_store.model_dump()))
 
 
 def _same_embedder(previous: Runtime | None, policy: Policy) -> bool:
@@ -281,6 +300,8 @@ async def retire(old: Runtime, new: Runtime | None, *, drain: bool) -> None:
     kept = new.resources if new is not None else None
     if old.cache is not None and (kept is None or kept.cache is not old.cache):
         await old.cache.aclose()
+    if kept is None or kept.responses is not old.responses:
+        await old.responses.aclose()
     if old.embedder is not None and (kept is None or kept.embedder is not old.embedder):
         close = getattr(old.embedder, "aclose", None)
         if close is not None:

@@ -19,10 +19,19 @@ from gateway.errors import PayloadTooLarge
 from gateway.observability.tracing import RequestSpan
 from gateway.protocol.openai import ParsedRequest
 from gateway.upstream.client import FORWARDED_HEADERS
+from gateway.upstream.out import ClientDialect
 from routing.prompt_text import render_for_routing
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime, SurfacePlan
+
+
+class Dialect(ClientDialect, Protocol):
+    """A request in another client API (``gateway.dialects``): the request the stages run, and
+    how its answer goes back (``ClientDialect``, what the relay needs)."""
+
+    @property
+    def parsed(self) -> ParsedRequest: ...
 
 
 class Embedder(Protocol):
@@ -59,6 +68,7 @@ class Call:
     headers: CIMultiDict[str]  # forwarded upstream
     query: UserQuery
     session_key: str | None = None
+    dialect: Dialect | None = None  # the client's API when it is not the upstream's (Responses...)
     _prompt_text: str | None = field(default=None)
 
     def routing_text(self) -> str:

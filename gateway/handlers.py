@@ -6,6 +6,7 @@ from aiohttp import web
 
 from gateway.errors import NotFound
 from gateway.keys import LIVE, METRICS, ORCHESTRATOR
+from gateway.protocol.anthropic_messages_output import models_page
 from gateway.protocol.openai import Endpoint
 
 
@@ -40,15 +41,18 @@ def _model_object(name: str) -> dict[str, str | int]:
 
 
 async def _models(request: web.Request) -> web.Response:
+    """OpenAI's model list; Anthropic's when the caller sends Anthropic's ``anthropic-version``."""
     rt = request.app[LIVE].current
-    rt.authenticate(request.headers.get("Authorization"))
+    rt.authenticate(request.headers)
+    if "anthropic-version" in request.headers:
+        return web.json_response(models_page(rt.model_names()))
     data = [_model_object(name) for name in rt.model_names()]
     return web.json_response({"object": "list", "data": data})
 
 
 async def _model(request: web.Request) -> web.Response:
     rt = request.app[LIVE].current
-    rt.authenticate(request.headers.get("Authorization"))
+    rt.authenticate(request.headers)
     name = request.match_info["model"]
     if name not in rt.model_names():
         raise NotFound(f"The model '{name}' does not exist", code="model_not_found", param="model")

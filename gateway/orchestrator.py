@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.call import Call, UserQuery, read_body, upstream_headers
+from gateway.call import Call, Dialect, UserQuery, read_body, upstream_headers
 from gateway.errors import BadRequest, GatewayError, Unavailable
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import RequestTiming, SloTracker
 from gateway.observability.summary import ResponseSummary, StreamSummarizer, summarize_body
 from gateway.observability.tracing import RequestSpan
-from gateway.protocol.openai import Endpoint, parse_request
+from gateway.protocol.openai import Endpoint, ParsedRequest, parse_request
 from gateway.runtime import Destination, Runtime
 from gateway.stages.cache import Lookup, StreamCapture, cache_headers, replayed, storable
 from gateway.upstream.attempts import Attempt, AttemptOpener
@@ -42,6 +42,8 @@ _OPERATION = {
     Endpoint.CHAT: "chat",
     Endpoint.COMPLETIONS: "text_completion",
     Endpoint.EMBEDDINGS: "embeddings",
+    Endpoint.RESPONSES: "chat",
+    Endpoint.MESSAGES: "chat",
 }
 
 
@@ -54,9 +56,18 @@ class Orchestrator:
     async def handle(
         self, request: web.Request, rt: Runtime, endpoint: Endpoint
     ) -> web.StreamResponse:
-        call = await self.accept(request, rt, endpoint)  # who, what, which surface
+        return await self.run(await self.accept(request, rt, endpoint))  # who, what, which surface
+
+    async def handle_dialect(
+        self, request: web.Request, rt: Runtime, tenant: str, dialect: Dialect
+    ) -> web.StreamResponse:
+        """A request in another client API, already read and translated by its handler."""
+        return await self.run(self.call_for(request, rt, tenant, dialect.parsed, dialect))
+
+    async def run(self, call: Call) -> web.StreamResponse:
+        rt = call.rt
         async with self.outcome(call) as done:
-            targets = rt.targets(call.parsed.model)  # an unknown model ends here (404)
+            targets = rt.targets(call.parsed.model, call.parsed.endpoint)  # unknown model: 404
             lookup = await self.look_up(call)  # exact, then semantic cache
             if lookup.hit is not None:
                 return done(await self.serve_cached(call, lookup))
@@ -75,12 +86,24 @@ class Orchestrator:
 
     async def accept(self, request: web.Request, rt: Runtime, endpoint: Endpoint) -> Call:
         started = time.perf_counter()
-        tenant = rt.authenticate(request.headers.get("Authorization"))
+        tenant = rt.authenticate(request.headers)
         parsed = parse_request(endpoint, await read_body(request, rt.max_body_bytes))
+        return self.call_for(request, rt, tenant, parsed, None, started)
+
+    def call_for(
+        self,
+        request: web.Request,
+        rt: Runtime,
+        tenant: str,
+        parsed: ParsedRequest,
+        dialect: Dialect | None,
+        started: float | None = None,
+    ) -> Call:
+        started = time.perf_counter() if started is None else started
         request[LABELS_KEY] = (parsed.model, "", "")
         plan = rt.surface_for(tenant, request.headers.get(rt.surface_header))
         span = rt.telemetry.start_request(
-            operation=_OPERATION[endpoint],
+            operation=_OPERATION[parsed.endpoint],
             request_model=parsed.model,
             headers=request.headers,
             body=parsed.body,
@@ -109,6 +132,7 @@ class Orchestrator:
             headers=upstream_headers(request),
             query=UserQuery(rt.embedder, parsed.user_text),
             session_key=session if isinstance(session, str) else None,
+            dialect=dialect,
         )
 
     @asynccontextmanager
@@ -274,6 +298,7 @@ class Orchestrator:
             headers=headers,
             watchers=watch.feeders(),
             on_gap=on_gap,
+            client=call.dialect,
         )
 
     # --- 6. after the answer -----------------------------------------------------------------

@@ -10,13 +10,15 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gateway.conversations import ResponseStore, open_store
 from gateway.errors import NotFound, Unauthorized
 from gateway.observability.tracing import Telemetry
+from gateway.protocol.openai import Endpoint
 from gateway.upstream.providers import Provider, build_provider
-from policies.backends import TimeoutConfig
+from policies.backends import AnthropicBackend, TimeoutConfig
 from policies.loader import PolicySource
 from policies.models import ModelTarget, TieredModelConfig
 from policies.schema import Policy
@@ -72,6 +74,8 @@ class Resources:
     cache: CacheStage | None
     telemetry: Telemetry
     owns_telemetry: bool  # False: a caller's (tests), never shut down here
+    # Stored Responses API responses (in memory, or in the shared Redis).
+    responses: ResponseStore = field(default_factory=lambda: open_store(None))
 
 
 class Runtime:
@@ -89,6 +93,7 @@ class Runtime:
         self.pools = dict(pools)
         self.embedder = resources.embedder
         self.cache = resources.cache
+        self.responses = resources.responses
         self.telemetry = resources.telemetry
         self.resources = resources
         self.tiers = tiers
@@ -121,12 +126,18 @@ class Runtime:
                 self._surface_by_tenant.setdefault(tenant_name, choice)
 
     # --- who -----------------------------------------------------------------------------
-    def authenticate(self, authorization: str | None) -> str:
+    def authenticate(self, headers: Mapping[str, str]) -> str:
+        """The tenant whose key the request carries: ``Authorization: Bearer <key>``, or
+        ``x-api-key: <key>`` as Anthropic's clients send it."""
         if not self._tenants_by_digest:
             return "anonymous"
+        authorization = headers.get("Authorization")
+        if not authorization and headers.get("x-api-key"):
+            authorization = "Bearer " + headers["x-api-key"]
         if not authorization:
             raise Unauthorized(
-                "missing API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"
+                "missing API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>')",
+                code="invalid_api_key",
             )
         scheme, _, key = authorization.partition(" ")
         tenant = None
@@ -145,8 +156,24 @@ class Runtime:
         return self._surface_by_tenant.get(tenant, self._default_surface)
 
     # --- which model ---------------------------------------------------------------------
-    def targets(self, alias: str) -> list[Destination]:
-        """The primary target and its fallbacks, in the order they are tried."""
+    def targets(self, alias: str, endpoint: Endpoint = Endpoint.CHAT) -> list[Destination]:
+        """The primary target and its fallbacks, in the order they are tried (for a passthrough
+        endpoint, only those whose backend serves it itself)."""
+        targets = self._targets(alias)
+        if endpoint in (Endpoint.RESPONSES, Endpoint.MESSAGES):
+            targets = [t for t in targets if self.native(t, endpoint)]
+        return targets
+
+    def native(self, target: Destination, endpoint: Endpoint) -> bool:
+        """Whether ``target``'s backend serves ``endpoint`` itself, relayed untranslated."""
+        backend = self.policy.backends[target.pool.name]
+        if endpoint is Endpoint.MESSAGES:
+            return isinstance(backend, AnthropicBackend)
+        if endpoint is Endpoint.RESPONSES:
+            return getattr(backend, "responses", "translate") == "passthrough"
+        return True
+
+    def _targets(self, alias: str) -> list[Destination]:
         route = self.policy.models.get(alias)
         if isinstance(route, TieredModelConfig):
             return self.tier_targets(alias, route.small)

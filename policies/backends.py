@@ -61,6 +61,11 @@ class _BackendBase(Strict):
     max_connections: int = Field(1000, ge=1)  # open connections per replica (host:port)
 
 
+# How POST /v1/responses reaches a backend: translated onto chat completions (every stage
+# applies), or relayed to the backend's own /v1/responses (vLLM and OpenAI serve it).
+ResponsesMode = Literal["translate", "passthrough"]
+
+
 class VllmBackend(_BackendBase):
     kind: Literal["vllm"]
     replicas: list[str] = Field(min_length=1)
@@ -68,6 +73,7 @@ class VllmBackend(_BackendBase):
     discover_models: bool = True  # expose every model the replicas list under its own name
     health: HealthConfig = HealthConfig()
     routing: RoutingConfig = Field(default_factory=LeastLoadedRouting)
+    responses: ResponsesMode = "translate"
 
     @field_validator("replicas")
     @classmethod
@@ -86,6 +92,7 @@ class OpenAIBackend(_BackendBase):
     api_key_env: str | None = None  # name of the environment variable holding the key
     discover_models: bool = False
     health: HealthConfig = HealthConfig(active=False)
+    responses: ResponsesMode = "translate"
 
     _base = field_validator("base_url")(classmethod(lambda cls, v: _check_url(v)))
 

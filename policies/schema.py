@@ -23,7 +23,13 @@ from pydantic import Field
 from policies.backends import Backend
 from policies.cache import CacheStoreConfig
 from policies.models import ModelEntry, TieredModelConfig
-from policies.server import AdmissionConfig, ServerConfig, SharedStateConfig, TelemetryConfig
+from policies.server import (
+    AdmissionConfig,
+    ResponsesStoreConfig,
+    ServerConfig,
+    SharedStateConfig,
+    TelemetryConfig,
+)
 from policies.strict import Strict
 from policies.surfaces import Surface
 from policies.tenants import Tenant
@@ -40,6 +46,7 @@ class Policy(Strict):
     telemetry: TelemetryConfig = TelemetryConfig()
     shared_state: SharedStateConfig = SharedStateConfig()
     cache_store: CacheStoreConfig = CacheStoreConfig()
+    responses_store: ResponsesStoreConfig = ResponsesStoreConfig()
 
     def needs_cache(self) -> bool:
         return any(s.cache is not None for s in self.surfaces.values())

@@ -1,4 +1,5 @@
-"""Process-wide sections: ``server``, ``admission``, ``telemetry`` and ``shared_state``.
+"""Process-wide sections: ``server``, ``admission``, ``telemetry``, ``shared_state`` and
+``responses_store``.
 
 ```yaml
 server:
@@ -19,6 +20,11 @@ telemetry:
   record_content: false           # prompt and completion text in spans: only if true
 shared_state:
   redis_url: ${REDIS_URL:-}       # empty: in-process state, one instance
+responses_store:                  # stored Responses API responses (previous_response_id)
+  ttl_s: 2592000                  # 30 days
+  max_entries: 10000              # per tenant, the oldest go first
+  max_record_bytes: 4194304       # a conversation longer than this is served, not stored
+  max_total_bytes: 268435456      # in this process (without shared_state.redis_url)
 ```
 """
 
@@ -75,6 +81,16 @@ class TelemetryConfig(Strict):
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError(f"endpoint must be an http(s) URL: {value!r}")
         return value.rstrip("/") if value is not None else None
+
+
+class ResponsesStoreConfig(Strict):
+    """Stored Responses API responses (``store``, ``previous_response_id``, GET /v1/responses):
+    in ``shared_state.redis_url`` when set, else in this process."""
+
+    ttl_s: int = Field(30 * 24 * 3600, ge=1)  # OpenAI keeps stored responses 30 days
+    max_entries: int = Field(10_000, ge=1)  # per tenant; the oldest go first
+    max_record_bytes: int = Field(4 * 1024 * 1024, ge=1024)  # a longer conversation is not stored
+    max_total_bytes: int = Field(256 * 1024 * 1024, ge=1024)  # in this process, all tenants
 
 
 class SharedStateConfig(Strict):

@@ -26,11 +26,16 @@ class Endpoint(Enum):
     CHAT = "chat/completions"
     COMPLETIONS = "completions"
     EMBEDDINGS = "embeddings"
+    # Relayed untranslated to a backend that serves them itself (``responses: passthrough``,
+    # Anthropic's Messages API to a ``kind: anthropic`` backend).
+    RESPONSES = "responses"
+    MESSAGES = "messages"
 
     @property
     def generates(self) -> bool:
-        """Chat and completions produce tokens (cache, tiers, output caps apply); embeddings not."""
-        return self is not Endpoint.EMBEDDINGS
+        """Chat and completions: the gateway reads what they generate (cache, tiers and output
+        caps apply); not embeddings, nor the untranslated passthroughs."""
+        return self is Endpoint.CHAT or self is Endpoint.COMPLETIONS
 
 
 @dataclass(slots=True)

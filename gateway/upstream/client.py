@@ -20,7 +20,14 @@ from policies.backends import TimeoutConfig
 from routing.replica import Replica
 
 # Headers from the client that travel upstream (the client's API key never does).
-FORWARDED_HEADERS = ("traceparent", "tracestate", "x-request-id", "x-vllm-priority")
+# (anthropic-beta: the features a client of Anthropic's API opts into; other backends ignore it.)
+FORWARDED_HEADERS = (
+    "traceparent",
+    "tracestate",
+    "x-request-id",
+    "x-vllm-priority",
+    "anthropic-beta",
+)
 
 
 class AttemptFailed(Exception):

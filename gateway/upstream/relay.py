@@ -18,8 +18,13 @@ notes when reads arrive (TTFT, gaps between reads) and whether the stream ended 
   final SSE error event (``timeout_error``, code ``total_timeout``; the text so far is cut, as
   with ``finish_reason: length``) and no ``[DONE]``, counted as a 504; a JSON answer is a 504.
 
-An upstream failure after the first byte becomes a final SSE error event. A client that goes
-away cancels the handler; the ``finally`` below then closes the upstream connection, and vLLM
+An upstream failure after the first byte becomes a final SSE error event. A request in
+another client API (the Responses API, Anthropic's Messages API: ``gateway.dialects``) brings a
+``ClientDialect``: the watchers still read the chat bytes the upstream sent, while the client
+reads them re-told by the dialect's encoder (or, for an untranslated passthrough, relayed as
+they are), a stream is complete when the encoder saw its end (those APIs end with an event,
+not ``[DONE]``), and errors, the deadline's stop and whole answers are written in the
+dialect's format. A client that goes away cancels the handler; the ``finally`` below then closes the upstream connection, and vLLM
 aborts the request and frees its KV cache. Whatever the end, the attempt is finished here
 (load guard released, span ended) exactly once.
 """
@@ -27,7 +32,6 @@ aborts the request and frees its KV cache. Whatever the end, the attempt is fini
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -37,15 +41,14 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from gateway.errors import UpstreamError, UpstreamTimeout, error_bytes
+from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.protocol.answers import render_sse
-from gateway.protocol.sse import DONE_EVENT
 from gateway.upstream.attempts import Attempt
 from gateway.upstream.client import UpstreamResponse, UpstreamStreamError
+from gateway.upstream.out import ClientDialect, StreamOut
 
 log = logging.getLogger("llm_gateway.relay")
 
-_DONE = DONE_EVENT.rstrip()
 _HOP_BY_HOP = {
     "content-length",
     "transfer-encoding",
@@ -67,6 +70,7 @@ class RelayPlan:
     headers: dict[str, str]  # added to the response
     watchers: Sequence[Watcher] = ()  # fed every chunk of a stream as it is sent
     on_gap: Callable[[float], None] | None = None  # seconds between consecutive stream reads
+    client: ClientDialect | None = None  # None: the client speaks the upstream's API
 
 
 @dataclass(slots=True)
@@ -120,8 +124,14 @@ async def send_answer(
     """A finished answer: as JSON, or as the SSE chunks of ``gateway.protocol.answers``."""
     if attempt is not None:
         attempt.finish(True)
+    client = plan.client
     if not plan.stream:
-        response = web.Response(body=answer, content_type="application/json", headers=plan.headers)
+        status, body = (200, answer) if client is None else client.render(200, answer)
+        if client is not None:
+            await client.ended()
+        response = web.Response(
+            status=status, body=body, content_type="application/json", headers=plan.headers
+        )
         return Relayed(response, RelayResult(200, body=answer, live=False), attempt)
     resp = web.StreamResponse(
         headers={**plan.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -132,7 +142,12 @@ async def send_answer(
     for chunk in chunks:
         for watch in plan.watchers:
             watch(chunk)
-    await resp.write(b"".join(chunks))
+    out = b"".join(chunks)
+    if client is not None:
+        encoder = client.stream()
+        out = encoder.start() + encoder.feed(out)
+        await client.ended()
+    await resp.write(out)
     await resp.write_eof()
     result = RelayResult(200, first_at=first_at, last_at=first_at, reads=1, live=False)
     return Relayed(resp, result, attempt)
@@ -157,9 +172,11 @@ async def _relay_body(attempt: Attempt, plan: RelayPlan) -> tuple[web.Response, 
             "the upstream connection broke while sending the answer", code="bad_gateway"
         ) from exc
     upstream.release()
-    resp = web.Response(
-        status=upstream.status, body=body, headers=response_headers(upstream, plan.headers)
-    )
+    status, out = upstream.status, body
+    if plan.client is not None:
+        status, out = plan.client.render(status, body)
+        await plan.client.ended()
+    resp = web.Response(status=status, body=out, headers=response_headers(upstream, plan.headers))
     return resp, RelayResult(upstream.status, body=body)
 
 
@@ -180,11 +197,10 @@ async def _relay_stream(
     resp = web.StreamResponse(status=upstream.status, headers=headers)
     await resp.prepare(request)
     result = RelayResult(upstream.status)
-    tail = b""
+    out = StreamOut(resp, plan.client)
     finished = False
 
     async def write(data: bytes, at: float) -> None:
-        nonlocal tail
         if result.first_at is None:
             result.first_at = at
         elif plan.on_gap is not None and result.last_at is not None:
@@ -193,11 +209,11 @@ async def _relay_stream(
         result.reads += 1
         for watch in plan.watchers:
             watch(data)
-        await resp.write(data)
-        tail = (tail + data)[-32:]
+        await out.write(data)
 
     limit, ours = _limit(attempt, plan)
     try:
+        await out.begin()
         if attempt.first:
             await write(attempt.first, attempt.first_at or time.perf_counter())
         try:
@@ -209,34 +225,36 @@ async def _relay_stream(
                 raise  # the upstream went silent (idle_s), not a deadline
             if ours:
                 result.deadline_hit = True
-                await _write_stop(resp, plan.chat)
+                await out.stop(plan.chat)
                 return resp, result
             result.status = 504
-            await _write_error(
-                resp, "the answer ran past the backend's timeouts.total_s", "timeout_error", 504,
+            await out.error(
+                "the answer ran past the backend's timeouts.total_s", "timeout_error", 504,
                 "total_timeout",
             )  # fmt: skip
             return resp, result
         finished = True
-        if _DONE not in tail:
+        if out.failed:
+            result.status = 502  # the upstream told of its failure, and the client read it
+        elif not out.complete:
             result.status = 502
-            await _write_error(resp, "the upstream stream ended before [DONE]")
+            await out.error(f"the upstream stream ended before {out.end_name}")
     except UpstreamStreamError as exc:  # the upstream said why (e.g. Anthropic's error event)
         result.status = 502
-        await _write_error(resp, str(exc))
+        await out.error(str(exc))
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
         result.status = 502
-        await _write_error(resp, "the upstream connection broke during the stream")
+        await out.error("the upstream connection broke during the stream")
     except TimeoutError:
         result.status = 504
-        await _write_error(resp, "the upstream stopped sending", "timeout_error", 504)
+        await out.error("the upstream stopped sending", "timeout_error", 504)
     except ConnectionResetError:
         result.status = 499  # the client went away mid-write
         return resp, result
     except asyncio.CancelledError:
-        if _DONE not in tail:
+        if not out.complete:
             raise  # the client went away before the end (or the server is stopping)
-        # Every byte up to [DONE] was handed over and the client closed, as clients may, while
+        # Every byte up to the end was handed over and the client closed, as clients may, while
         # the upstream's end of body was awaited: a complete answer, so the cancel is absorbed.
         if (task := asyncio.current_task()) is not None:
             task.uncancel()
@@ -251,37 +269,6 @@ async def _relay_stream(
     try:
         await resp.write_eof()
     except ConnectionResetError:
-        if _DONE not in tail:  # a client that read [DONE] may close before the end of body
+        if not out.complete:  # a client that read the end may close before the end of body
             result.status = 499
     return resp, result
-
-
-async def _write_error(
-    resp: web.StreamResponse,
-    message: str,
-    type_: str = "upstream_error",
-    status: int = 502,
-    code: str | int | None = None,
-) -> None:
-    log.warning("stream ended with an error: %s", message)
-    with contextlib.suppress(ConnectionResetError):
-        await resp.write(b"data: " + error_bytes(message, type_, code or status) + b"\n\n")
-
-
-async def _write_stop(resp: web.StreamResponse, chat: bool) -> None:
-    """End a stream at the deadline the way a model that hit max_tokens would."""
-    if chat:
-        choice: dict[str, object] = {"index": 0, "delta": {}, "finish_reason": "length"}
-        obj = "chat.completion.chunk"
-    else:
-        choice = {"index": 0, "text": "", "finish_reason": "length"}
-        obj = "text_completion"
-    chunk = {
-        "id": "gateway-deadline",
-        "object": obj,
-        "created": int(time.time()),
-        "choices": [choice],
-    }
-    with contextlib.suppress(ConnectionResetError):
-        await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n" + DONE_EVENT)
-        await resp.write_eof()

@@ -6,8 +6,13 @@ Every request is validated the way the real API would refuse it (the key and ver
 only); a request that breaks a rule is answered 400 ``invalid_request_error`` and recorded in
 ``problems``, so a test fails loudly. Answers, streamed or not, come in Anthropic's format; a
 script of per-request actions (``"tool_use"``, ``"status:529"``, ``"midstream_error"``...) picks
-the unusual ones. Streamed events are written in two pieces cut inside the event, so the
-gateway meets events that straddle reads.
+the unusual ones. A ``tool_choice`` naming a tool is answered with a call of that tool whose
+``input`` follows its ``input_schema`` (what structured output through a forced tool needs);
+``thinking`` adds a signed thinking block before the answer (and is refused, as the real API
+refuses it, with a forced tool choice, a temperature, or a budget under 1,024 or not under
+``max_tokens``). ``POST /v1/messages/count_tokens`` counts words (3 per message more).
+Streamed events are written in two pieces cut inside the event, so the gateway meets events
+that straddle reads.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ _TOP_LEVEL = {
     "top_k",
     "metadata",
     "stream",
+    "thinking",
 }
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -69,7 +75,23 @@ class FakeAnthropic:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         return app
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(Seen(dict(request.headers), body))
+        if request.headers.get("x-api-key") != API_KEY:
+            return _error(401, "invalid x-api-key")
+        problem = _check_headers(request) or _check_messages(body.get("messages"))
+        if problem is not None:
+            return self._problem(problem)
+        words = 0
+        for message in body["messages"]:
+            content = message["content"]
+            texts = [content] if isinstance(content, str) else [b.get("text", "") for b in content]
+            words += 3 + sum(len(t.split()) for t in texts)
+        return web.json_response({"input_tokens": words})
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -99,7 +121,19 @@ class FakeAnthropic:
         content: list[dict[str, Any]]
         stop = "end_turn"
         results = _tool_results(body["messages"][-1])
-        if action == "tool_use" and body.get("tools"):
+        forced = body.get("tool_choice") or {}
+        if forced.get("type") == "tool":
+            tool = next(t for t in body["tools"] if t["name"] == forced["name"])
+            content = [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_forced",
+                    "name": tool["name"],
+                    "input": _instance(tool["input_schema"]),
+                }
+            ]
+            stop = "tool_use"
+        elif action == "tool_use" and body.get("tools"):
             content = [
                 {"type": "text", "text": "Let me check."},
                 {
@@ -116,6 +150,9 @@ class FakeAnthropic:
             content = [{"type": "text", "text": self.reply}]
         if action == "max_tokens":
             stop = "max_tokens"
+        if body.get("thinking", {}).get("type") == "enabled":
+            thought = {"type": "thinking", "thinking": "Let me think.", "signature": "sig-fake"}
+            content = [thought, *content]
         return {
             "id": f"msg_fake{len(self.requests):03d}",
             "type": "message",
@@ -162,7 +199,38 @@ class FakeAnthropic:
         return resp
 
 
+def _instance(schema: dict[str, Any]) -> Any:
+    """A value that follows ``schema`` (objects with every property, the first enum value)."""
+    if "enum" in schema:
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if kind == "object":
+        return {k: _instance(v) for k, v in (schema.get("properties") or {}).items()}
+    if kind == "array":
+        return [_instance(schema.get("items") or {"type": "string"})]
+    return {"integer": 1, "number": 1.5, "boolean": True, "null": None}.get(str(kind), "text")
+
+
 def _block_events(index: int, block: dict[str, Any], pieces: int) -> list[dict[str, Any]]:
+    if block["type"] == "thinking":
+        return [
+            {
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+            },
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "thinking_delta", "thinking": block["thinking"]},
+            },
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "signature_delta", "signature": block["signature"]},
+            },
+            {"type": "content_block_stop", "index": index},
+        ]
     if block["type"] == "text":
         text = block["text"]
         step = max(1, -(-len(text) // pieces))
@@ -235,7 +303,29 @@ def _check_body(body: Any) -> str | None:
     for tool in body.get("tools", []):
         if set(tool) - {"name", "description", "input_schema"} or "input_schema" not in tool:
             return f"tools: bad tool {tool}"
-    return _check_messages(body.get("messages"))
+    forced = body.get("tool_choice") or {}
+    if forced.get("type") == "tool" and forced.get("name") not in {
+        t["name"] for t in body.get("tools", [])
+    }:
+        return "tool_choice: names no tool"
+    problem = _check_thinking(body)
+    return problem or _check_messages(body.get("messages"))
+
+
+def _check_thinking(body: dict[str, Any]) -> str | None:
+    thinking = body.get("thinking")
+    if thinking is None or thinking.get("type") == "disabled":
+        return None
+    budget = thinking.get("budget_tokens")
+    if thinking.get("type") != "enabled" or not isinstance(budget, int):
+        return "thinking: type enabled with budget_tokens"
+    if budget < 1024 or budget >= body["max_tokens"]:
+        return "thinking.budget_tokens: at least 1024 and less than max_tokens"
+    if (body.get("tool_choice") or {}).get("type") in ("any", "tool"):
+        return "thinking may not be enabled when tool_choice forces tool use"
+    if body.get("temperature") is not None:
+        return "temperature may only be set when thinking is disabled"
+    return None
 
 
 def _check_messages(messages: Any) -> str | None:
@@ -272,6 +362,13 @@ def _check_messages(messages: Any) -> str | None:
             elif kind == "image":
                 if block.get("source", {}).get("type") not in ("base64", "url"):
                     return f"messages.{i}: bad image source"
+            elif kind == "document":
+                source = block.get("source", {})
+                if (source.get("type"), source.get("media_type")) != ("base64", "application/pdf"):
+                    return f"messages.{i}: a document here must be a base64 PDF"
+            elif kind in ("thinking", "redacted_thinking"):
+                if role != "assistant":
+                    return f"messages.{i}: thinking blocks belong to the assistant"
             elif kind != "text":
                 return f"messages.{i}: unknown block type {kind!r}"
         if previous_tool_uses and answered != previous_tool_uses:

@@ -7,19 +7,16 @@ each test also proves the translated request was well formed.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
-from aiohttp import web
 
 from tests.conftest import FakeFactory, GatewayFactory
-from tests.e2e.anthropic_fake import API_KEY, FakeAnthropic, start_fake_anthropic
+from tests.e2e.anthropic_fake import API_KEY
+from tests.e2e.conftest import KEY_ENV, AnthropicFactory
 
-KEY_ENV = "TEST_ANTHROPIC_KEY"
 MESSAGES: Any = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Say hello."},
@@ -38,34 +35,6 @@ WEATHER: Any = [
         },
     }
 ]
-
-
-@dataclass
-class RunningAnthropic:
-    fake: FakeAnthropic
-    url: str
-
-
-AnthropicFactory = Callable[..., Awaitable[RunningAnthropic]]
-
-
-@pytest.fixture
-async def make_anthropic(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AnthropicFactory]:
-    monkeypatch.setenv(KEY_ENV, API_KEY)
-    runners: list[web.AppRunner] = []
-    fakes: list[FakeAnthropic] = []
-
-    async def make(**settings: Any) -> RunningAnthropic:
-        fake = FakeAnthropic(**settings)
-        runner, url = await start_fake_anthropic(fake)
-        runners.append(runner)
-        fakes.append(fake)
-        return RunningAnthropic(fake, url)
-
-    yield make
-    for runner in runners:
-        await runner.cleanup()
-    assert [p for f in fakes for p in f.problems] == []  # nothing malformed reached "Anthropic"
 
 
 def anthropic_policy(url: str, more: str = "", fallbacks: str = "[]", surfaces: str = "") -> str:
@@ -323,9 +292,9 @@ async def test_what_anthropic_cannot_do_is_400_before_any_upstream_call(
     assert info.value.param == "n"
     with pytest.raises(openai.BadRequestError) as info:
         await gw.client.chat.completions.create(
-            model="c", messages=MESSAGES, response_format={"type": "json_object"}
+            model="c", messages=MESSAGES, logit_bias={"50256": -100}
         )
-    assert info.value.param == "response_format"
+    assert info.value.param == "logit_bias"
     with pytest.raises(openai.BadRequestError) as info:
         await gw.client.completions.create(model="c", prompt="once upon")
     assert "/v1/chat/completions only" in info.value.message

@@ -1,19 +1,23 @@
-"""Anthropic's Messages API as a backend (``kind: anthropic``): chat completions only.
+"""Anthropic's Messages API as a backend (``kind: anthropic``).
 
-Requests go to ``POST {base_url}/messages`` with ``x-api-key`` and ``anthropic-version``;
+Chat requests go to ``POST {base_url}/messages`` with ``x-api-key`` and ``anthropic-version``;
 ``anthropic_request`` translates them, ``anthropic_response`` and ``anthropic_stream`` translate
-the answers back. Bodies are asked for uncompressed: the gateway reads them to translate them.
+the answers back. A client of the Messages API itself (``Endpoint.MESSAGES``) is relayed
+untranslated: its body with only the model renamed, the answer as Anthropic sent it. Bodies are
+asked for uncompressed: the gateway reads them.
 """
 
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import aiohttp
 
 from gateway.errors import BadRequest
 from gateway.protocol.openai import Endpoint, ParsedRequest
 from gateway.upstream.client import UpstreamResponse
+from gateway.upstream.providers.anthropic_options import format_tool_name
 from gateway.upstream.providers.anthropic_request import to_messages_request
 from gateway.upstream.providers.anthropic_response import translate_body
 from gateway.upstream.providers.anthropic_stream import AnthropicStream
@@ -33,6 +37,8 @@ class AnthropicProvider:
             self.headers["x-api-key"] = api_key
 
     def body(self, parsed: ParsedRequest, upstream_model: str, max_tokens_cap: int | None) -> bytes:
+        if parsed.endpoint is Endpoint.MESSAGES:
+            return parsed.body_for(upstream_model)
         if parsed.endpoint is not Endpoint.CHAT:
             raise BadRequest(
                 f"model '{parsed.model}' is served by the Anthropic backend '{self.backend}', "
@@ -45,9 +51,12 @@ class AnthropicProvider:
         return json.dumps(request).encode()
 
     def wrap(self, response: aiohttp.ClientResponse, parsed: ParsedRequest) -> UpstreamResponse:
+        if parsed.endpoint is Endpoint.MESSAGES:
+            return response  # already in the client's API
         stream = None
+        tool = format_tool_name(parsed.body)
         if parsed.stream and response.status == 200:
             opts = parsed.body.get("stream_options")
             include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
-            stream = AnthropicStream(include_usage, parsed.model)
-        return TranslatedResponse(response, translate_body, stream)
+            stream = AnthropicStream(include_usage, parsed.model, tool)
+        return TranslatedResponse(response, partial(translate_body, format_tool=tool), stream)

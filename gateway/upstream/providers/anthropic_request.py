@@ -11,11 +11,14 @@ turn (consecutive turns of one role are merged into one, as the Messages API alt
 one); ``temperature`` (0 to 1 there), ``top_p``, ``top_k``; ``stop`` -> ``stop_sequences``;
 ``user`` -> ``metadata.user_id``; ``stream``.
 
+``response_format`` (json_schema, json_object), ``reasoning_effort``, PDF ``file`` parts and
+``cache_control`` markers: ``anthropic_options``.
+
 What Anthropic cannot honour answers 400 naming the field, before anything is sent, rather than
-be dropped and change the answer's meaning: ``n`` above 1, ``logprobs`` / ``top_logprobs``, a
-``response_format`` other than text, ``logit_bias``, non-zero presence or frequency penalties,
+be dropped and change the answer's meaning: ``n`` above 1, ``logprobs`` / ``top_logprobs``,
+``logit_bias``, non-zero presence or frequency penalties,
 audio output, the legacy ``functions`` / ``function_call``, a ``temperature`` above 1, content
-parts other than text and images, roles other than system, developer, user, assistant and tool.
+parts other than text, images and PDF files, roles other than system, developer, user, assistant and tool.
 Fields that do not change what a correct answer is (``seed``, ``store``, ``metadata``,
 ``service_tier``, ``prediction``, ``stream_options``...) and vendor extras are dropped.
 """
@@ -26,6 +29,12 @@ import json
 from typing import Any
 
 from gateway.errors import BadRequest
+from gateway.upstream.providers.anthropic_options import (
+    document,
+    structured_output,
+    thinking,
+    with_cache_marker,
+)
 
 _IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 _TOOL_CHOICES: dict[str, dict[str, Any]] = {
@@ -72,6 +81,8 @@ def to_messages_request(
         out["metadata"] = {"user_id": user}
     if body.get("stream"):
         out["stream"] = True
+    thinking(body, out)  # before the format tool: with thinking, no tool can be forced
+    structured_output(body, out)
     return out
 
 
@@ -84,8 +95,12 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
     if body.get("top_logprobs"):
         raise unsupported("'top_logprobs'", "top_logprobs")
     fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise unsupported("'response_format' other than text", "response_format")
+    if fmt is not None and not (
+        isinstance(fmt, dict) and fmt.get("type") in ("text", "json_schema", "json_object")
+    ):
+        raise unsupported(
+            "'response_format' other than text, json_schema and json_object", "response_format"
+        )
     if body.get("logit_bias"):
         raise unsupported("'logit_bias'", "logit_bias")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -158,7 +173,7 @@ def _text_blocks(content: Any, where: str) -> list[dict[str, Any]]:
     for j, part in enumerate(content):
         text = _part_text(part, f"{where}.content[{j}]")
         if text:
-            blocks.append({"type": "text", "text": text})
+            blocks.append(with_cache_marker(part, {"type": "text", "text": text}))
     return blocks
 
 
@@ -179,11 +194,13 @@ def _user_blocks(content: Any, where: str) -> list[dict[str, Any]]:
     for j, part in enumerate(content):
         at = f"{where}.content[{j}]"
         if isinstance(part, dict) and part.get("type") == "image_url":
-            blocks.append(_image(part.get("image_url"), at))
+            blocks.append(with_cache_marker(part, _image(part.get("image_url"), at)))
+        elif isinstance(part, dict) and part.get("type") == "file":
+            blocks.append(document(part, at))
         else:
             text = _part_text(part, at)
             if text:
-                blocks.append({"type": "text", "text": text})
+                blocks.append(with_cache_marker(part, {"type": "text", "text": text}))
     return blocks
 
 

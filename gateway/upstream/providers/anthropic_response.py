@@ -1,10 +1,12 @@
 """Anthropic Messages answers and errors, translated into OpenAI's chat-completion JSON.
 
-Text blocks join into ``message.content``; ``tool_use`` blocks become ``tool_calls`` (their
-``input`` as a JSON string of arguments); ``stop_reason`` maps onto ``finish_reason``; usage
-counts cached prompt tokens (read and written) into ``prompt_tokens``, as OpenAI does, and
-reports the ones read under ``prompt_tokens_details.cached_tokens``. Thinking and server-tool
-blocks have no OpenAI counterpart and are left out.
+Text blocks join into ``message.content``; thinking blocks into ``reasoning_content`` (as vLLM
+reports reasoning); ``tool_use`` blocks become ``tool_calls`` (their ``input`` as a JSON string
+of arguments), except the call of a structured answer's format tool, whose input is the
+content; ``stop_reason`` maps onto ``finish_reason``; usage counts cached prompt tokens (read and written) into ``prompt_tokens``, as OpenAI does, and
+reports the ones read under ``prompt_tokens_details.cached_tokens``; thinking tokens
+(``output_tokens_details.thinking_tokens``) under ``completion_tokens_details.reasoning_tokens``. Server-tool blocks have no
+OpenAI counterpart and are left out.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def usage(counts: Mapping[str, Any]) -> dict[str, Any]:
     }
     if read or written:
         out["prompt_tokens_details"] = {"cached_tokens": read}
+    details = counts.get("output_tokens_details")
+    thinking = _count(details, "thinking_tokens") if isinstance(details, Mapping) else 0
+    if thinking:
+        out["completion_tokens_details"] = {"reasoning_tokens": thinking}
     return out
 
 
@@ -64,18 +70,30 @@ def _count(counts: Mapping[str, Any], key: str) -> int:
     return value if isinstance(value, int) else 0
 
 
-def chat_completion(message: Mapping[str, Any], created: int | None = None) -> dict[str, Any]:
-    """The ``chat.completion`` for an Anthropic ``message``; raises ValueError if it is none."""
+def chat_completion(
+    message: Mapping[str, Any], created: int | None = None, format_tool: str | None = None
+) -> dict[str, Any]:
+    """The ``chat.completion`` for an Anthropic ``message``; raises ValueError if it is none.
+
+    ``format_tool``: the tool that carries a structured answer (``anthropic_options``); its
+    input is the message's content. Thinking becomes ``reasoning_content``.
+    """
     if message.get("type") != "message" or not isinstance(message.get("content"), list):
         raise ValueError("not an Anthropic message")
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     for block in message["content"]:
         if not isinstance(block, dict):
             continue
-        if block.get("type") == "text" and isinstance(block.get("text"), str):
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
-        elif block.get("type") == "tool_use":
+        elif kind == "thinking" and isinstance(block.get("thinking"), str):
+            thoughts.append(block["thinking"])
+        elif kind == "tool_use" and format_tool is not None and block.get("name") == format_tool:
+            texts.append(json.dumps(block.get("input") or {}))
+        elif kind == "tool_use":
             calls.append(
                 {
                     "id": block.get("id"),
@@ -87,10 +105,15 @@ def chat_completion(message: Mapping[str, Any], created: int | None = None) -> d
                 }
             )
     reply: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if thoughts:
+        reply["reasoning_content"] = "".join(thoughts)
     if calls:
         reply["tool_calls"] = calls
     elif reply["content"] is None:
         reply["content"] = ""
+    stop = message.get("stop_reason")
+    if stop == "tool_use" and not calls:
+        stop = "end_turn"  # the only tool called was the answer's format
     counts = message.get("usage")
     return {
         "id": message.get("id"),
@@ -101,7 +124,7 @@ def chat_completion(message: Mapping[str, Any], created: int | None = None) -> d
             {
                 "index": 0,
                 "message": reply,
-                "finish_reason": finish_reason(message.get("stop_reason")),
+                "finish_reason": finish_reason(stop),
                 "logprobs": None,
             }
         ],
@@ -124,13 +147,13 @@ def openai_error(status: int, raw: bytes) -> dict[str, Any]:
     return error_body(message or f"the Anthropic API answered {status}", type_, kind)
 
 
-def translate_body(status: int, raw: bytes) -> tuple[int, bytes]:
+def translate_body(status: int, raw: bytes, format_tool: str | None = None) -> tuple[int, bytes]:
     """A whole answer: the status and OpenAI body to relay (502 for a 200 that is no message)."""
     if status != 200:
         return status, json.dumps(openai_error(status, raw)).encode()
     try:
         data = json.loads(raw)
-        return 200, json.dumps(chat_completion(data)).encode()
+        return 200, json.dumps(chat_completion(data, format_tool=format_tool)).encode()
     except (UnicodeDecodeError, ValueError, AttributeError):
         body = error_body("the Anthropic API answered 200 without a message", "upstream_error", 502)
         return 502, json.dumps(body).encode()

@@ -16,7 +16,10 @@ read a stream they know. The mapping, event by event:
   for it, then ``data: [DONE]``;
 - ``error``: raises ``UpstreamStreamError``, which the relay turns into its final SSE error event
   (no ``[DONE]``: the openai client raises);
-- ``ping``, ``content_block_stop`` and blocks without an OpenAI counterpart (thinking): nothing.
+- a ``thinking`` block's ``thinking_delta`` -> ``delta.reasoning_content``; the call of a
+  structured answer's format tool (``anthropic_options``) -> ``delta.content`` (its input is the
+  answer, streamed as generated), and a ``tool_use`` stop with no other call -> ``stop``;
+- ``ping``, ``content_block_stop``, signatures and blocks without an OpenAI counterpart: nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from gateway.upstream.client import UpstreamStreamError
 from gateway.upstream.providers.anthropic_response import finish_reason, usage
 
 _DONE = b"data: [DONE]\n\n"
+_THINKING = -4  # a thinking block (reasoning_content)
+_FORMAT = -3  # the format tool's call: its input is the answer's content
 _SKIP = -2  # a content block that is not passed on
 _TEXT = -1  # a text block; tool_use blocks map to their tool call's index (0, 1, ...)
 
@@ -39,14 +44,18 @@ class AnthropicStream:
         "_buffer",
         "_counts",
         "_finished",
+        "_format_tool",
         "_head",
         "_tools",
         "done",
         "include_usage",
     )
 
-    def __init__(self, include_usage: bool, model: str = "") -> None:
+    def __init__(
+        self, include_usage: bool, model: str = "", format_tool: str | None = None
+    ) -> None:
         self.include_usage = include_usage
+        self._format_tool = format_tool
         self.done = False  # message_stop arrived
         self._buffer = b""
         self._head: dict[str, Any] = {
@@ -119,6 +128,14 @@ class AnthropicStream:
             self._blocks[index] = _TEXT
             if block.get("text"):
                 self._chunk(out, {"content": block["text"]})
+        elif kind == "thinking":
+            self._blocks[index] = _THINKING
+            if block.get("thinking"):
+                self._chunk(out, {"reasoning_content": block["thinking"]})
+        elif kind == "tool_use" and self._format_tool and block.get("name") == self._format_tool:
+            self._blocks[index] = _FORMAT
+            if block.get("input"):
+                self._chunk(out, {"content": json.dumps(block["input"])})
         elif kind == "tool_use":
             tool = self._tools
             self._tools += 1
@@ -151,6 +168,14 @@ class AnthropicStream:
             fragment = delta.get("partial_json")
             if isinstance(fragment, str) and fragment:
                 self._arguments(out, target, fragment)
+        elif kind == "input_json_delta" and target == _FORMAT:
+            fragment = delta.get("partial_json")
+            if isinstance(fragment, str) and fragment:
+                self._chunk(out, {"content": fragment})
+        elif kind == "thinking_delta" and target == _THINKING:
+            thought = delta.get("thinking")
+            if isinstance(thought, str) and thought:
+                self._chunk(out, {"reasoning_content": thought})
 
     def _message_delta(self, event: dict[str, Any], out: list[bytes]) -> None:
         counts = event.get("usage")
@@ -158,6 +183,8 @@ class AnthropicStream:
             self._counts.update({k: v for k, v in counts.items() if v is not None})
         delta = event.get("delta")
         reason = delta.get("stop_reason") if isinstance(delta, dict) else None
+        if reason == "tool_use" and not self._tools:
+            reason = "end_turn"  # the only tool called was the answer's format
         if reason is not None and not self._finished:
             self._finished = True
             self._chunk(out, {}, finish_reason(reason))

@@ -1,0 +1,244 @@
+"""The endpoints of the other client APIs: OpenAI's Responses API and Anthropic's Messages API.
+
+Each handler authenticates, reads the body once, decides between translating the request onto
+the chat path (every backend, every stage) and relaying it untranslated (a backend that serves
+the API itself: ``responses: passthrough``, or a ``kind: anthropic`` backend for Messages; not
+for tiered aliases, whose tiers are chosen on chat requests), then hands one ``Dialect`` to the
+orchestrator. Stored responses (``GET``/``DELETE /v1/responses/{id}``, ``input_items``) are read
+in the caller's tenant only. Messages errors leave in Anthropic's format and statuses.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from gateway.call import read_body
+from gateway.conversations import StoredResponse, StoreUnavailable
+from gateway.dialects import MessagesCall, ResponsesCall
+from gateway.errors import BadRequest, GatewayError, NotFound, Unavailable, UpstreamError
+from gateway.keys import LIVE, ORCHESTRATOR
+from gateway.orchestrator import LABELS_KEY
+from gateway.protocol import anthropic_messages_output as messages_out
+from gateway.protocol import token_count
+from gateway.protocol.anthropic_messages import MessagesRequest, read_messages_request
+from gateway.protocol.openai import Endpoint, ParsedRequest
+from gateway.protocol.responses import read_responses_request, relayed_request
+from gateway.runtime import Runtime
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_post("/v1/responses", _create_response)
+    router.add_get("/v1/responses/{id}", _get_response)
+    router.add_delete("/v1/responses/{id}", _delete_response)
+    router.add_get("/v1/responses/{id}/input_items", _input_items)
+    router.add_post("/v1/messages", _anthropic(_messages))
+    router.add_post("/v1/messages/count_tokens", _anthropic(_count_tokens))
+
+
+def _read_model(request: web.Request, raw: bytes) -> dict[str, Any]:
+    """The body, checked to be an object with a model; the request is labelled with the model
+    so the metrics count it however it ends (an unknown model, a missing previous response)."""
+    body = _json_object(raw)
+    request[LABELS_KEY] = (body["model"], "", "")
+    return body
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' is required and must be a string", param="model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool | None):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    return body
+
+
+def _passthrough(
+    rt: Runtime, endpoint: Endpoint, raw: bytes, body: dict[str, Any]
+) -> ParsedRequest | None:
+    """The client's own request, when the model's primary backend serves ``endpoint`` itself."""
+    model = body["model"]
+    if rt.tiered(model) is not None or not rt.native(rt.targets(model)[0], endpoint):
+        return None
+    return ParsedRequest(endpoint, raw, body, model, bool(body.get("stream")), None)
+
+
+# --- the Responses API ------------------------------------------------------------------------
+
+
+async def _create_response(request: web.Request) -> web.StreamResponse:
+    rt = request.app[LIVE].current
+    tenant = rt.authenticate(request.headers)
+    raw = await read_body(request, rt.max_body_bytes)
+    body = _read_model(request, raw)
+    passthrough = _passthrough(rt, Endpoint.RESPONSES, raw, body)
+    if passthrough is not None:  # the upstream checks the request and keeps its state
+        request_ = relayed_request(body["model"], passthrough.stream)
+        call = ResponsesCall(request_, tenant, None, passthrough=passthrough)
+        return await request.app[ORCHESTRATOR].handle_dialect(request, rt, tenant, call)
+    parsed = read_responses_request(body)
+    history: list[dict[str, Any]] = []
+    if parsed.previous_response_id is not None:
+        previous = await _stored(rt, tenant, parsed.previous_response_id, "previous_response_id")
+        history = previous.messages
+    call = ResponsesCall(parsed, tenant, rt.responses, history)
+    return await request.app[ORCHESTRATOR].handle_dialect(request, rt, tenant, call)
+
+
+async def _stored(rt: Runtime, tenant: str, response_id: str, param: str) -> StoredResponse:
+    try:
+        record = await rt.responses.get(tenant, response_id)
+    except StoreUnavailable as exc:
+        raise Unavailable(
+            "the response store is unavailable", code="store_unavailable",
+            headers={"Retry-After": rt.retry_after},
+        ) from exc  # fmt: skip
+    if record is None:
+        raise NotFound(f"Response with id '{response_id}' not found.", param=param)
+    return record
+
+
+async def _get_response(request: web.Request) -> web.Response:
+    rt = request.app[LIVE].current
+    tenant = rt.authenticate(request.headers)
+    record = await _stored(rt, tenant, request.match_info["id"], "response_id")
+    return web.json_response(record.response)
+
+
+async def _delete_response(request: web.Request) -> web.Response:
+    rt = request.app[LIVE].current
+    tenant = rt.authenticate(request.headers)
+    response_id = request.match_info["id"]
+    try:
+        deleted = await rt.responses.delete(tenant, response_id)
+    except StoreUnavailable as exc:
+        raise Unavailable("the response store is unavailable", code="store_unavailable") from exc
+    if not deleted:
+        raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
+    return web.json_response({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+async def _input_items(request: web.Request) -> web.Response:
+    """A page of the response's input items: ``limit`` (1-100, 20), ``order`` (desc), ``after``."""
+    rt = request.app[LIVE].current
+    tenant = rt.authenticate(request.headers)
+    record = await _stored(rt, tenant, request.match_info["id"], "response_id")
+    query = request.query
+    try:
+        limit = int(query.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise BadRequest("'limit' must be an integer from 1 to 100", param="limit")
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise BadRequest("'order' must be asc or desc", param="order")
+    items = record.input_items if order == "asc" else record.input_items[::-1]
+    after = query.get("after")
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise BadRequest(f"no input item with id '{after}'", param="after")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+    )
+
+
+# --- Anthropic's Messages API ------------------------------------------------------------------
+
+
+def _anthropic(handler: Handler) -> Handler:
+    """Errors in Anthropic's format, ``{"type": "error", "error": {"type", "message"}}``."""
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except GatewayError as exc:
+            status = messages_out.error_status(exc.status)
+            body = messages_out.error_body(status, exc.message)
+            return web.json_response(body, status=status, headers=exc.headers)
+
+    return wrapped
+
+
+async def _messages(request: web.Request) -> web.StreamResponse:
+    rt = request.app[LIVE].current
+    tenant = rt.authenticate(request.headers)
+    raw = await read_body(request, rt.max_body_bytes)
+    body = _read_model(request, raw)
+    passthrough = _passthrough(rt, Endpoint.MESSAGES, raw, body)
+    if passthrough is not None:  # Anthropic itself checks the request
+        untranslated = MessagesRequest(body["model"], passthrough.stream, {}, ())
+        call = MessagesCall(untranslated, passthrough)
+    else:
+        call = MessagesCall(read_messages_request(body))
+    return await request.app[ORCHESTRATOR].handle_dialect(request, rt, tenant, call)
+
+
+async def _count_tokens(request: web.Request) -> web.Response:
+    """vLLM's ``/tokenize``, Anthropic's own ``count_tokens``, else (an OpenAI-compatible API,
+    or a vLLM-kind server without ``/tokenize``) the documented estimate."""
+    rt = request.app[LIVE].current
+    rt.authenticate(request.headers)
+    body = _json_object(await read_body(request, rt.max_body_bytes))
+    target = rt.targets(body["model"])[0]
+    pool = target.pool
+    replicas = pool.available()
+    if not replicas:
+        raise Unavailable(
+            f"no healthy replica can serve model '{body['model']}'",
+            code="no_healthy_replica", headers={"Retry-After": rt.retry_after},
+        )  # fmt: skip
+    base = replicas[0].base_url
+    timeout = aiohttp.ClientTimeout(total=target.timeouts.first_byte_s)
+    try:
+        if target.provider is not None and rt.native(target, Endpoint.MESSAGES):
+            sent = {**body, "model": target.upstream_model}
+            headers = {**target.provider.headers, "Content-Type": "application/json"}
+            url = f"{base}/messages/count_tokens"
+            async with pool.session.post(url, json=sent, headers=headers, timeout=timeout) as r:
+                return web.Response(
+                    status=r.status, body=await r.read(), content_type="application/json"
+                )
+        chat = read_messages_request(body, count_only=True).chat
+        if pool.settings.kind != "vllm":
+            return web.json_response({"input_tokens": token_count.estimate(chat)})
+        sent = token_count.tokenize_body(chat, target.upstream_model)
+        url = token_count.tokenize_url(base)
+        async with pool.session.post(
+            url, json=sent, headers=pool.auth_headers(), timeout=timeout
+        ) as r:
+            if r.status == 404:  # a server without vLLM's tokenizer endpoint
+                return web.json_response({"input_tokens": token_count.estimate(chat)})
+            data = await r.json(content_type=None) if r.status == 200 else None
+            count = token_count.read_count(data)
+            if count is None:
+                raise UpstreamError(
+                    f"the backend's tokenizer answered {r.status}", code="bad_gateway"
+                )
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise UpstreamError(
+            "the backend's token count did not come back", code="bad_gateway"
+        ) from exc
+    return web.json_response({"input_tokens": count})

@@ -1,0 +1,128 @@
+"""One request in a client dialect: the request the pipeline runs, and how its answer goes back.
+
+A call gives the orchestrator a ``ParsedRequest`` (the translated chat request, or the client's
+own bytes for a passthrough) and takes the answer back: ``render`` for a whole body (an answer
+or an error), ``stream`` for the encoder the relay writes through. A Responses call also keeps
+the conversation: ``ended`` stores the finished response (before the client reads its end,
+so a follow-up with ``previous_response_id`` always finds it). The relay drives both through
+``gateway.upstream.out.ClientDialect``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.conversations import RecordTooLarge, ResponseStore, StoredResponse, StoreUnavailable
+from gateway.protocol import anthropic_messages_output as messages_out
+from gateway.protocol.anthropic_messages import MessagesRequest
+from gateway.protocol.anthropic_messages_stream import MessagesStream
+from gateway.protocol.openai import Endpoint, ParsedRequest
+from gateway.protocol.relayed import (
+    MESSAGES_END,
+    RESPONSES_END,
+    RelayedStream,
+    messages_error,
+    responses_error,
+)
+from gateway.protocol.responses import ResponsesRequest, input_messages, new_id
+from gateway.protocol.responses_output import from_chat_completion
+from gateway.protocol.responses_stream import ResponsesStream
+from gateway.upstream.out import ClientStream
+
+log = logging.getLogger("llm_gateway.dialects")
+
+
+def chat_request(chat: dict[str, Any], model: str, stream: bool) -> ParsedRequest:
+    return ParsedRequest(Endpoint.CHAT, json.dumps(chat).encode(), chat, model, stream)
+
+
+@dataclass(slots=True)
+class ResponsesCall:
+    request: ResponsesRequest
+    tenant: str
+    store: ResponseStore | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    passthrough: ParsedRequest | None = None  # the client's request, for `responses: passthrough`
+    response_id: str = field(default_factory=lambda: new_id("resp"))
+    final: dict[str, Any] | None = None  # the Response object, once it is known
+    _stream: ResponsesStream | None = None
+
+    @property
+    def parsed(self) -> ParsedRequest:
+        if self.passthrough is not None:
+            return self.passthrough
+        chat = self.request.chat_body(self.history)
+        return chat_request(chat, self.request.model, self.request.stream)
+
+    def render(self, status: int, body: bytes) -> tuple[int, bytes]:
+        if status != 200 or self.passthrough is not None:
+            return status, body  # errors are OpenAI's shape in both APIs
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            return status, body
+        self.final = from_chat_completion(answer, self.request, self.response_id)
+        return status, json.dumps(self.final).encode()
+
+    def stream(self) -> ClientStream:
+        if self.passthrough is not None:
+            return RelayedStream(RESPONSES_END, responses_error)
+        self._stream = ResponsesStream(self.request, self.response_id)
+        return self._stream
+
+    async def ended(self) -> None:
+        """Store the finished response (``store`` true); a failure to store is logged only:
+        the answer was served, and a follow-up naming it gets a clear 404."""
+        if self._stream is not None and self._stream.done and not self._stream.failed:
+            self.final = self._stream.response
+        final = self.final
+        if not self.request.store or self.store is None or final is None:
+            return
+        output = [item for item in final["output"] if item.get("type") != "reasoning"]
+        messages = [*self.history, *self.request.messages, *input_messages(output)]
+        record = StoredResponse(final, self.request.items, messages, self.tenant)
+        try:
+            await self.store.put(record)
+        except RecordTooLarge as exc:
+            log.warning(
+                "response %s not stored: the conversation is too long (%s)", final["id"], exc
+            )
+        except StoreUnavailable as exc:
+            log.warning("response %s not stored: %s", final["id"], exc)
+
+
+@dataclass(slots=True)
+class MessagesCall:
+    request: MessagesRequest
+    passthrough: ParsedRequest | None = None  # the client's request, for a kind: anthropic backend
+
+    @property
+    def parsed(self) -> ParsedRequest:
+        if self.passthrough is not None:
+            return self.passthrough
+        return chat_request(self.request.chat, self.request.model, self.request.stream)
+
+    def render(self, status: int, body: bytes) -> tuple[int, bytes]:
+        if self.passthrough is not None:
+            return status, body  # Anthropic's own answer or error
+        if status != 200:
+            return messages_out.from_openai_error(status, body)
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            return 502, json.dumps(messages_out.error_body(502, "bad upstream answer")).encode()
+        message = messages_out.from_chat_completion(
+            answer, self.request.model, self.request.stop_sequences
+        )
+        return status, json.dumps(message).encode()
+
+    def stream(self) -> ClientStream:
+        if self.passthrough is not None:
+            return RelayedStream(MESSAGES_END, messages_error)
+        return MessagesStream(self.request.model, self.request.stop_sequences)
+
+    async def ended(self) -> None:
+        return None

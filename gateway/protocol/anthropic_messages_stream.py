@@ -1,0 +1,170 @@
+"""A chat-completions stream, re-told as the Anthropic Messages API's SSE events.
+
+Fed the chat SSE bytes as the relay reads them, it returns Anthropic's events (``event:`` and
+``data:`` lines, as Anthropic's clients need both):
+
+``message_start`` (the message with empty content; its usage is 0 until the end: a chat stream
+reports usage in its last chunk) and ``ping`` (``start``); a ``content_block_start`` when a
+block opens (text, ``thinking`` for the backend's reasoning, ``tool_use`` for a tool call),
+its ``content_block_delta`` events (``text_delta``, ``thinking_delta``, ``input_json_delta``
+with the argument fragments), and ``content_block_stop`` when the next block opens or the
+stream ends; at ``[DONE]``, ``message_delta`` with ``stop_reason``, ``stop_sequence`` and the
+whole usage (input, cache reads and output tokens: Anthropic's clients take the input counts
+from ``message_delta`` too), then ``message_stop``. An upstream error becomes Anthropic's
+``error`` event.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.protocol.anthropic_messages_output import new_message_id, stop_reason, usage
+from gateway.protocol.chat_events import DONE, ChatEvents
+from gateway.protocol.sse import encode_named
+
+
+class MessagesStream:
+    def __init__(
+        self, model: str, stop_sequences: tuple[str, ...] = (), message_id: str | None = None
+    ) -> None:
+        self.model = model
+        self.stop_sequences = stop_sequences
+        self.message_id = message_id or new_message_id()
+        self.done = False  # message_stop (or an error event) was sent
+        self.failed = False  # an error event was sent
+        self.usage: dict[str, Any] = usage(None)
+        self._events = ChatEvents()
+        self._blocks = 0  # blocks opened so far
+        self._open: str | None = None  # the open block's kind: text | thinking | tool_use
+        self._tools: dict[int, int] = {}  # chat tool-call index -> block index
+        self._finish: str | None = None
+        self._matched: Any = None
+
+    def start(self) -> bytes:
+        message: dict[str, Any] = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage(None),
+        }
+        return _event("message_start", message=message) + _event("ping")
+
+    def feed(self, data: bytes) -> bytes:
+        out: list[bytes] = []
+        for event in self._events.feed(data):
+            if self.done:
+                break
+            if event == DONE:
+                self._complete(out)
+            elif isinstance(event, dict):
+                if "error" in event:
+                    error = event["error"] if isinstance(event["error"], dict) else {}
+                    out.append(self._error(str(error.get("message") or "upstream error")))
+                else:
+                    self._chunk(event, out)
+        return b"".join(out)
+
+    def fail(self, message: str) -> bytes:
+        return b"" if self.done else self._error(message)
+
+    def stop(self) -> bytes:
+        """The gateway's deadline: end as a model at its ``max_tokens`` would."""
+        if self.done:
+            return b""
+        out: list[bytes] = []
+        self._finish = "length"
+        self._complete(out)
+        return b"".join(out)
+
+    def _chunk(self, chunk: dict[str, Any], out: list[bytes]) -> None:
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = usage(chunk["usage"])
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                self._delta(delta, out)
+            if choice.get("finish_reason"):
+                self._finish = choice["finish_reason"]
+                self._matched = choice.get("stop_reason")
+
+    def _delta(self, delta: dict[str, Any], out: list[bytes]) -> None:
+        for name in ("reasoning_content", "reasoning"):
+            text = delta.get(name)
+            if isinstance(text, str) and text:
+                self._text(out, "thinking", text)
+                break
+        for name in ("content", "refusal"):
+            text = delta.get(name)
+            if isinstance(text, str) and text:
+                self._text(out, "text", text)
+        for call in delta.get("tool_calls") or ():
+            if isinstance(call, dict):
+                self._tool_call(call, out)
+
+    def _text(self, out: list[bytes], kind: str, text: str) -> None:
+        if self._open != kind:
+            block: dict[str, Any] = (
+                {"type": "text", "text": ""}
+                if kind == "text"
+                else {"type": "thinking", "thinking": "", "signature": ""}
+            )
+            self._start_block(out, kind, block)
+        delta = (
+            {"type": "text_delta", "text": text}
+            if kind == "text"
+            else {"type": "thinking_delta", "thinking": text}
+        )
+        out.append(_event("content_block_delta", index=self._blocks - 1, delta=delta))
+
+    def _tool_call(self, call: dict[str, Any], out: list[bytes]) -> None:
+        index = call.get("index", 0)
+        index = index if isinstance(index, int) else 0
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        block = self._tools.get(index)
+        if block is None:
+            tool = {
+                "type": "tool_use",
+                "id": str(call.get("id") or f"toolu_{self.message_id[4:]}_{index}"),
+                "name": str(function.get("name") or ""),
+                "input": {},
+            }
+            self._start_block(out, "tool_use", tool)
+            block = self._tools[index] = self._blocks - 1
+        fragment = function.get("arguments")
+        if isinstance(fragment, str) and fragment:
+            delta = {"type": "input_json_delta", "partial_json": fragment}
+            out.append(_event("content_block_delta", index=block, delta=delta))
+
+    def _start_block(self, out: list[bytes], kind: str, block: dict[str, Any]) -> None:
+        self._close_block(out)
+        self._open = kind
+        out.append(_event("content_block_start", index=self._blocks, content_block=block))
+        self._blocks += 1
+
+    def _close_block(self, out: list[bytes]) -> None:
+        if self._open is not None:
+            out.append(_event("content_block_stop", index=self._blocks - 1))
+            self._open = None
+
+    def _complete(self, out: list[bytes]) -> None:
+        self._close_block(out)
+        reason, sequence = stop_reason(self._finish or "stop", self._matched, self.stop_sequences)
+        delta = {"stop_reason": reason, "stop_sequence": sequence}
+        out.append(_event("message_delta", delta=delta, usage=dict(self.usage)))
+        out.append(_event("message_stop"))
+        self.done = True
+
+    def _error(self, message: str) -> bytes:
+        self.done = self.failed = True
+        return _event("error", error={"type": "api_error", "message": message})
+
+
+def _event(kind: str, **fields: Any) -> bytes:
+    return encode_named(kind, {"type": kind, **fields})

@@ -1,0 +1,39 @@
+"""Chat-completions SSE bytes, read incrementally into chunk objects (for re-telling a stream
+in another API's events).
+
+Reads are cut into whole events by the one SSE codec's ``EventSplitter``; each event's payload
+is parsed once. ``[DONE]`` is reported as ``DONE``; a payload that is not a JSON object (a
+comment, a keep-alive) is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from gateway.protocol.sse import DONE as DONE_PAYLOAD
+from gateway.protocol.sse import EventSplitter, payloads
+
+DONE: Final = "[DONE]"
+
+
+class ChatEvents:
+    __slots__ = ("_splitter",)
+
+    def __init__(self) -> None:
+        self._splitter = EventSplitter()
+
+    def feed(self, data: bytes) -> list[dict[str, Any] | str]:
+        out: list[dict[str, Any] | str] = []
+        for event in self._splitter.feed(data):
+            for payload in payloads(event):
+                if payload == DONE_PAYLOAD:
+                    out.append(DONE)
+                    continue
+                try:
+                    obj = json.loads(payload)
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    out.append(obj)
+        return out

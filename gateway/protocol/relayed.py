@@ -1,0 +1,65 @@
+"""Streams relayed as they are, in APIs whose streams end with an event rather than ``[DONE]``.
+
+OpenAI's Responses API ends with ``response.completed`` (or ``.incomplete`` / ``.failed``);
+Anthropic's Messages API with ``message_stop``. The relay passes the bytes on untouched; this
+watches them for the end (so a stream that stops short is still told from a finished one) and
+for an ``error`` event (the upstream's own failure report), and writes the gateway's own
+failures as the dialect's error event. Event names are matched after a newline: inside an
+event's JSON data a newline is always escaped, so the model's text can never fake one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.protocol.sse import encode_named
+
+RESPONSES_END = (
+    b"\nevent: response.completed",
+    b"\nevent: response.incomplete",
+    b"\nevent: response.failed",
+)
+MESSAGES_END = (b"\nevent: message_stop",)
+
+
+def responses_error(message: str) -> bytes:
+    payload = {"type": "error", "code": "server_error", "message": message, "param": None}
+    return encode_named("error", payload)
+
+
+def messages_error(message: str) -> bytes:
+    return encode_named(
+        "error", {"type": "error", "error": {"type": "api_error", "message": message}}
+    )
+
+
+class RelayedStream:
+    __slots__ = ("_ends", "_error", "_tail", "done", "failed")
+
+    def __init__(self, ends: tuple[bytes, ...], error: Callable[[str], bytes]) -> None:
+        self._ends = ends
+        self._error = error
+        self._tail = b"\n"  # the stream's start counts as after a newline
+        self.done = False
+        self.failed = False  # the upstream sent an error event
+
+    def start(self) -> bytes:
+        return b""
+
+    def feed(self, data: bytes) -> bytes:
+        seen = self._tail + data
+        if not self.done and any(end in seen for end in self._ends):
+            self.done = True
+        if b"\nevent: error" in seen or b"\nevent: response.failed" in seen:
+            self.failed = True
+        self._tail = seen[-32:]
+        return data
+
+    def fail(self, message: str) -> bytes:
+        if self.done:
+            return b""
+        self.done = True
+        return self._error(message)
+
+    def stop(self) -> bytes:
+        return self.fail("the gateway's deadline for this request passed")

@@ -1,0 +1,418 @@
+"""An OpenAI Responses API request, read and translated into a chat-completions request.
+
+What maps, field by field:
+
+- ``input``: a string is one user message; items are, in order, messages (roles user, system,
+  developer, assistant; parts ``input_text``, ``input_image`` with an ``image_url``,
+  ``input_file`` with ``file_data``, an assistant's ``output_text`` and ``refusal``),
+  ``function_call`` items (consecutive ones become the ``tool_calls`` of one assistant message)
+  and ``function_call_output`` items (``tool`` messages). ``reasoning`` items are left out: the
+  chat API has no way to send reasoning back.
+- ``instructions``: a leading system message (not carried over by ``previous_response_id``,
+  as OpenAI documents);
+- ``tools``: function tools (``name``, ``description``, ``parameters``, ``strict``);
+  ``tool_choice`` none / auto / required / ``{"type": "function", "name"}``;
+  ``parallel_tool_calls``;
+- ``text.format``: ``json_schema`` and ``json_object`` -> ``response_format``;
+- ``max_output_tokens`` -> ``max_completion_tokens``; ``temperature``; ``top_p``;
+  ``top_logprobs`` -> ``logprobs`` + ``top_logprobs``; ``reasoning.effort`` ->
+  ``reasoning_effort``; ``user`` (or ``safety_identifier``) -> ``user``; ``stream`` (the
+  usage chunk is always asked for: the final ``response.completed`` carries usage).
+
+Answered 400 naming the parameter: tools other than functions (web search, file search,
+computer use, MCP...), ``tool_choice`` other than the above, items other than the above
+(``item_reference`` included), ``background: true``, ``conversation``, ``prompt`` templates,
+image or file inputs given by ``file_id``. Fields that do not change what a correct answer is
+(``include``, ``truncation``, ``metadata``, ``service_tier``, ``prompt_cache_key``,
+``text.verbosity``, ``reasoning.summary``, ``max_tool_calls``...) are accepted and not sent
+upstream; ``metadata`` and the rest of the request are echoed in the Response object.
+``store`` and ``previous_response_id`` are the caller's: it prepends the stored conversation
+(``ResponsesRequest.chat_body(history)``) and stores the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import BadRequest
+
+_ROLES = frozenset({"user", "system", "developer", "assistant"})
+_TOOL_CHOICES = frozenset({"none", "auto", "required"})
+_REJECTED = {
+    "conversation": "'conversation' objects are not supported: use previous_response_id",
+    "prompt": "prompt templates ('prompt') are not supported",
+}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+@dataclass(slots=True)
+class ResponsesRequest:
+    """A checked Responses request: its chat translation and what the Response echoes."""
+
+    model: str
+    stream: bool
+    store: bool
+    previous_response_id: str | None
+    instructions: str | None
+    items: list[dict[str, Any]]  # this request's input items, normalised, each with an id
+    messages: list[dict[str, Any]]  # the same items as chat messages
+    params: dict[str, Any]  # the chat request's other fields
+    echo: dict[str, Any] = field(default_factory=dict)  # request fields the Response repeats
+
+    def chat_body(self, history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The chat request: instructions, the stored conversation, then this input."""
+        messages: list[dict[str, Any]] = []
+        if self.instructions:
+            messages.append({"role": "system", "content": self.instructions})
+        messages.extend(history or ())
+        messages.extend(self.messages)
+        body: dict[str, Any] = {"model": self.model, "messages": messages, **self.params}
+        if self.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+
+def relayed_request(model: str, stream: bool) -> ResponsesRequest:
+    """A request relayed untranslated (``responses: passthrough``): the upstream reads it."""
+    return ResponsesRequest(model, stream, False, None, None, [], [], {})
+
+
+def parse_responses_request(raw: bytes) -> ResponsesRequest:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return read_responses_request(body)
+
+
+def read_responses_request(body: dict[str, Any]) -> ResponsesRequest:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' is required and must be a string", param="model")
+    for name, message in _REJECTED.items():
+        if body.get(name) is not None:
+            raise BadRequest(message, param=name)
+    if body.get("background"):
+        raise BadRequest("background responses are not supported", param="background")
+    stream = _flag(body, "stream", False)
+    store = _flag(body, "store", True)
+    previous = body.get("previous_response_id")
+    if previous is not None and (not isinstance(previous, str) or not previous):
+        raise BadRequest("'previous_response_id' must be a string", param="previous_response_id")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise BadRequest("'instructions' must be a string", param="instructions")
+    items = _items(body.get("input"))
+    if not items and previous is None:
+        raise BadRequest("'input' is required", param="input")
+    params = _params(body)
+    echo = {
+        name: body[name]
+        for name in ("metadata", "reasoning", "text", "truncation", "user", "tool_choice")
+        if body.get(name) is not None
+    }
+    echo["tools"] = body.get("tools") or []
+    for name in ("temperature", "top_p", "max_output_tokens", "parallel_tool_calls"):
+        echo[name] = body.get(name)
+    return ResponsesRequest(
+        model=model,
+        stream=stream,
+        store=store,
+        previous_response_id=previous,
+        instructions=instructions,
+        items=items,
+        messages=input_messages(items),
+        params=params,
+        echo=echo,
+    )
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be a boolean", param=name)
+    return value
+
+
+# --- input items -----------------------------------------------------------------------------
+
+
+def _items(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [_message("user", [{"type": "input_text", "text": value}])]
+    if not isinstance(value, list):
+        raise BadRequest("'input' must be a string or an array of items", param="input")
+    return [_item(item, f"input[{i}]") for i, item in enumerate(value)]
+
+
+def _message(role: str, content: list[dict[str, Any]], id_: str | None = None) -> dict[str, Any]:
+    return {
+        "id": id_ or new_id("msg"),
+        "type": "message",
+        "role": role,
+        "content": content,
+        "status": "completed",
+    }
+
+
+def _item(item: Any, where: str) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise BadRequest(f"'{where}' must be an object", param=where)
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in _ROLES:
+            raise BadRequest(
+                f"'{where}.role' must be one of user, system, developer, assistant",
+                param=f"{where}.role",
+            )
+        return _message(role, _parts(item.get("content"), role, where), _str_or_none(item, "id"))
+    if kind == "function_call":
+        for name in ("call_id", "name", "arguments"):
+            if not isinstance(item.get(name), str):
+                raise BadRequest(f"'{where}.{name}' must be a string", param=f"{where}.{name}")
+        return {
+            "id": _str_or_none(item, "id") or new_id("fc"),
+            "type": "function_call",
+            "call_id": item["call_id"],
+            "name": item["name"],
+            "arguments": item["arguments"],
+            "status": "completed",
+        }
+    if kind == "function_call_output":
+        if not isinstance(item.get("call_id"), str):
+            raise BadRequest(f"'{where}.call_id' must be a string", param=f"{where}.call_id")
+        output = item.get("output")
+        if not isinstance(output, str | list):
+            raise BadRequest(f"'{where}.output' must be a string or parts", param=f"{where}.output")
+        return {
+            "id": _str_or_none(item, "id") or new_id("fco"),
+            "type": "function_call_output",
+            "call_id": item["call_id"],
+            "output": output,
+            "status": "completed",
+        }
+    if kind == "reasoning":
+        return {**item, "id": _str_or_none(item, "id") or new_id("rs")}
+    raise BadRequest(
+        f"input items of type {kind!r} are not supported (supported: message, function_call, "
+        "function_call_output, reasoning)",
+        param=f"{where}.type",
+    )
+
+
+def _str_or_none(item: dict[str, Any], name: str) -> str | None:
+    value = item.get(name)
+    return value if isinstance(value, str) and value else None
+
+
+def _parts(content: Any, role: str, where: str) -> list[dict[str, Any]]:
+    text_type = "output_text" if role == "assistant" else "input_text"
+    if isinstance(content, str):
+        part: dict[str, Any] = {"type": text_type, "text": content}
+        if role == "assistant":
+            part["annotations"] = []
+        return [part]
+    if not isinstance(content, list):
+        raise BadRequest(
+            f"'{where}.content' must be a string or an array of parts", param=f"{where}.content"
+        )
+    allowed = (
+        ("output_text", "refusal", "input_text")
+        if role == "assistant"
+        else ("input_text", "input_image", "input_file")
+    )
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in allowed:
+            raise BadRequest(
+                f"content parts of type {kind!r} are not supported in a {role} message",
+                param=f"{at}.type",
+            )
+        if kind in ("input_image", "input_file") and part.get("file_id"):
+            raise BadRequest("inputs given by 'file_id' are not supported", param=f"{at}.file_id")
+        value_key = {"refusal": "refusal", "input_image": "image_url", "input_file": "file_data"}
+        key = value_key.get(kind, "text")
+        if not isinstance(part.get(key), str):
+            raise BadRequest(f"'{at}.{key}' must be a string", param=f"{at}.{key}")
+    return list(content)
+
+
+def input_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages for normalised Responses items (input or output items alike)."""
+    messages: list[dict[str, Any]] = []
+    for item in items:
+        kind = item["type"]
+        if kind == "message":
+            messages.append(_chat_message(item["role"], item["content"]))
+        elif kind == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            elif last is not None and last["role"] == "assistant":
+                last["tool_calls"] = [call]
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item["output"]
+            if isinstance(output, list):
+                output = "".join(
+                    p.get("text", "") for p in output if isinstance(p, dict) and "text" in p
+                )
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
+    return messages
+
+
+def _chat_message(role: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    if role == "assistant":
+        texts = [p.get("text") or p.get("refusal") or "" for p in parts]
+        return {"role": "assistant", "content": "".join(texts)}
+    chat_parts: list[dict[str, Any]] = []
+    for part in parts:
+        kind = part["type"]
+        if kind == "input_text":
+            chat_parts.append({"type": "text", "text": part["text"]})
+        elif kind == "input_image":
+            image: dict[str, Any] = {"url": part["image_url"]}
+            if part.get("detail") in ("low", "high", "auto"):
+                image["detail"] = part["detail"]
+            chat_parts.append({"type": "image_url", "image_url": image})
+        else:  # input_file: a data: URL, as the chat API's file part takes it
+            file: dict[str, Any] = {"file_data": part["file_data"]}
+            if isinstance(part.get("filename"), str):
+                file["filename"] = part["filename"]
+            chat_parts.append({"type": "file", "file": file})
+    if all(p["type"] == "text" for p in chat_parts):
+        # Plain text stays a string: every chat template (and the cache key) reads it as such.
+        return {"role": role, "content": "".join(p["text"] for p in chat_parts)}
+    return {"role": role, "content": chat_parts}
+
+
+# --- other parameters ------------------------------------------------------------------------
+
+
+def _params(body: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    tools = body.get("tools")
+    if tools:
+        out["tools"] = _tools(tools)
+    choice = body.get("tool_choice")
+    if choice is not None:
+        out["tool_choice"] = _tool_choice(choice)
+    if isinstance(body.get("parallel_tool_calls"), bool) and tools:
+        out["parallel_tool_calls"] = body["parallel_tool_calls"]
+    fmt = _response_format(body.get("text"))
+    if fmt is not None:
+        out["response_format"] = fmt
+    limit = body.get("max_output_tokens")
+    if limit is not None:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise BadRequest(
+                "'max_output_tokens' must be a positive integer", param="max_output_tokens"
+            )
+        out["max_completion_tokens"] = limit
+    for name in ("temperature", "top_p"):
+        value = body.get(name)
+        if value is not None:
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise BadRequest(f"'{name}' must be a number", param=name)
+            out[name] = value
+    top = body.get("top_logprobs")
+    if isinstance(top, int) and not isinstance(top, bool) and top > 0:
+        out["logprobs"] = True
+        out["top_logprobs"] = top
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise BadRequest("'reasoning' must be an object", param="reasoning")
+    if reasoning and isinstance(reasoning.get("effort"), str):
+        out["reasoning_effort"] = reasoning["effort"]
+    user = body.get("user") or body.get("safety_identifier")
+    if isinstance(user, str) and user:
+        out["user"] = user
+    return out
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise BadRequest("'tools' must be an array", param="tools")
+    out = []
+    for k, tool in enumerate(tools):
+        where = f"tools[{k}]"
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise BadRequest(
+                f"tools of type {kind!r} are not supported: only function tools are",
+                param=f"{where}.type",
+            )
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise BadRequest(f"'{where}.name' is required", param=f"{where}.name")
+        function: dict[str, Any] = {"name": tool["name"]}
+        if isinstance(tool.get("description"), str):
+            function["description"] = tool["description"]
+        parameters = tool.get("parameters")
+        function["parameters"] = (
+            parameters if isinstance(parameters, dict) else {"type": "object", "properties": {}}
+        )
+        if isinstance(tool.get("strict"), bool):
+            function["strict"] = tool["strict"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: Any) -> Any:
+    if isinstance(choice, str) and choice in _TOOL_CHOICES:
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = choice.get("name")
+        if isinstance(name, str) and name:
+            return {"type": "function", "function": {"name": name}}
+    raise BadRequest(
+        '\'tool_choice\' must be none, auto, required or {"type": "function", "name": ...}',
+        param="tool_choice",
+    )
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise BadRequest("'text' must be an object", param="text")
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        assert isinstance(fmt, dict)
+        if not isinstance(fmt.get("schema"), dict):
+            raise BadRequest("'text.format.schema' must be an object", param="text.format.schema")
+        schema: dict[str, Any] = {"name": fmt.get("name") or "response", "schema": fmt["schema"]}
+        for name in ("description", "strict"):
+            if fmt.get(name) is not None:
+                schema[name] = fmt[name]
+        return {"type": "json_schema", "json_schema": schema}
+    raise BadRequest(
+        "'text.format.type' must be text, json_object or json_schema", param="text.format"
+    )

@@ -1,0 +1,296 @@
+"""A chat-completions stream, re-told as the Responses API's typed stream events.
+
+The encoder is fed the chat SSE bytes as the relay reads them and returns the Responses SSE
+bytes they add up to (``event: <type>`` and ``data: <json>``, every event numbered by
+``sequence_number``). The sequence:
+
+``response.created``, ``response.in_progress`` (``start``); then, for each output item in
+order, ``response.output_item.added``, its content (a message: ``response.content_part.added``,
+``response.output_text.delta``... ``response.output_text.done``, ``response.content_part.done``;
+a refusal the same with ``response.refusal.*``; reasoning with ``response.reasoning_text.*``;
+a tool call: ``response.function_call_arguments.delta``... ``.done``) and
+``response.output_item.done``; at ``[DONE]``, ``response.completed`` (``response.incomplete``
+when the model stopped at its token limit) with the whole Response and its usage. An item is
+closed when the next one opens, as a Responses model streams them one after the other.
+
+An upstream error event becomes an ``error`` event and ``response.failed``. Responses streams
+end without ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.protocol.chat_events import DONE, ChatEvents
+from gateway.protocol.responses import ResponsesRequest, new_id
+from gateway.protocol.responses_output import (
+    finish,
+    function_call_item,
+    logprobs,
+    message_item,
+    reasoning_item,
+    skeleton,
+)
+from gateway.protocol.sse import encode_named
+
+
+@dataclass(slots=True)
+class _Item:
+    kind: str  # reasoning | message | function_call
+    index: int  # output_index
+    id: str
+    part: str = ""  # the open content part: output_text | refusal | reasoning_text
+    parts: int = 0  # content parts opened so far
+    text: list[str] = field(default_factory=list)  # the open part's text
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # the open part's tokens
+    done_parts: list[dict[str, Any]] = field(default_factory=list)
+    call_id: str = ""
+    name: str = ""
+
+
+class ResponsesStream:
+    def __init__(self, request: ResponsesRequest, response_id: str) -> None:
+        self.response = skeleton(request, response_id)
+        self.done = False  # response.completed / .incomplete / .failed was sent
+        self.failed = False  # the stream told of a failure (an upstream error, or fail())
+        self._events = ChatEvents()
+        self._seq = 0
+        self._output: list[dict[str, Any]] = []
+        self._open: _Item | None = None
+        self._tools: dict[int, _Item] = {}
+        self._finish: str | None = None
+        self._usage: dict[str, Any] | None = None
+
+    # --- what the relay calls ---------------------------------------------------------------
+
+    def start(self) -> bytes:
+        out: list[bytes] = []
+        self._emit(out, "response.created", response=dict(self.response))
+        self._emit(out, "response.in_progress", response=dict(self.response))
+        return b"".join(out)
+
+    def feed(self, data: bytes) -> bytes:
+        out: list[bytes] = []
+        for event in self._events.feed(data):
+            if self.done:
+                break
+            if event == DONE:
+                self._complete(out)
+            elif isinstance(event, dict):
+                if "error" in event:
+                    error = event["error"] if isinstance(event["error"], dict) else {}
+                    self._fail(out, str(error.get("message") or "upstream error"))
+                else:
+                    self._chunk(event, out)
+        return b"".join(out)
+
+    def fail(self, message: str) -> bytes:
+        """The stream broke (or timed out): the client reads ``response.failed``."""
+        out: list[bytes] = []
+        if not self.done:
+            self._fail(out, message)
+        return b"".join(out)
+
+    def stop(self) -> bytes:
+        """The gateway's deadline: end as a model at its token limit would."""
+        out: list[bytes] = []
+        if not self.done:
+            self._finish = "length"
+            self._complete(out)
+        return b"".join(out)
+
+    # --- chat chunks --------------------------------------------------------------------------
+
+    def _chunk(self, chunk: dict[str, Any], out: list[bytes]) -> None:
+        if isinstance(chunk.get("model"), str) and chunk["model"]:
+            self.response["model"] = chunk["model"]
+        if isinstance(chunk.get("usage"), dict):
+            self._usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue  # Responses has one output: only the first choice is told
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                self._delta(delta, out, logprobs(choice.get("logprobs")))
+            if choice.get("finish_reason"):
+                self._finish = choice["finish_reason"]
+
+    def _delta(self, delta: dict[str, Any], out: list[bytes], tokens: list[dict[str, Any]]) -> None:
+        for name in ("reasoning_content", "reasoning"):
+            text = delta.get(name)
+            if isinstance(text, str) and text:
+                self._text(out, "reasoning", "reasoning_text", text)
+                break
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            self._text(out, "message", "output_text", content, tokens)
+        refusal = delta.get("refusal")
+        if isinstance(refusal, str) and refusal:
+            self._text(out, "message", "refusal", refusal)
+        for call in delta.get("tool_calls") or ():
+            if isinstance(call, dict):
+                self._tool_call(call, out)
+
+    def _text(
+        self,
+        out: list[bytes],
+        kind: str,
+        part: str,
+        text: str,
+        tokens: list[dict[str, Any]] | None = None,
+    ) -> None:
+        item = self._open
+        if item is None or item.kind != kind:
+            item = self._open_item(out, kind)
+        if item.part != part:
+            self._close_part(out, item)
+            self._open_part(out, item, part)
+        item.text.append(text)
+        item.logprobs.extend(tokens or ())
+        where = {"item_id": item.id, "output_index": item.index, "content_index": item.parts - 1}
+        if part == "output_text":
+            self._emit(
+                out, "response.output_text.delta", **where, delta=text, logprobs=tokens or []
+            )
+        elif part == "refusal":
+            self._emit(out, "response.refusal.delta", **where, delta=text)
+        else:
+            self._emit(out, "response.reasoning_text.delta", **where, delta=text)
+
+    def _tool_call(self, call: dict[str, Any], out: list[bytes]) -> None:
+        index = call.get("index", 0)
+        index = index if isinstance(index, int) else 0
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        assert isinstance(function, dict)
+        item = self._tools.get(index)
+        if item is None:
+            item = self._open_item(out, "function_call", call, function)
+            self._tools[index] = item
+        fragment = function.get("arguments")
+        if isinstance(fragment, str) and fragment:
+            item.text.append(fragment)
+            self._emit(
+                out,
+                "response.function_call_arguments.delta",
+                item_id=item.id,
+                output_index=item.index,
+                delta=fragment,
+            )
+
+    # --- items --------------------------------------------------------------------------------
+
+    def _open_item(
+        self,
+        out: list[bytes],
+        kind: str,
+        call: dict[str, Any] | None = None,
+        function: dict[str, Any] | None = None,
+    ) -> _Item:
+        if self._open is not None:
+            self._close_item(out, self._open)
+        index = len(self._output)
+        self._output.append({})  # its place, filled when it is done
+        if kind == "function_call":
+            call_id = str((call or {}).get("id") or new_id("call"))
+            name = str((function or {}).get("name") or "")
+            item = _Item(kind, index, new_id("fc"), call_id=call_id, name=name)
+            shown = function_call_item(call_id, name, "", item.id, "in_progress")
+        elif kind == "message":
+            item = _Item(kind, index, new_id("msg"))
+            shown = {**message_item("", None, item.id, "in_progress"), "content": []}
+        else:
+            item = _Item(kind, index, new_id("rs"))
+            shown = {**reasoning_item("", item.id, "in_progress"), "content": []}
+        self._open = item
+        self._emit(out, "response.output_item.added", output_index=index, item=shown)
+        return item
+
+    def _open_part(self, out: list[bytes], item: _Item, part: str) -> None:
+        item.part = part
+        item.parts += 1
+        self._emit(
+            out,
+            "response.content_part.added",
+            item_id=item.id,
+            output_index=item.index,
+            content_index=item.parts - 1,
+            part=_part(part, ""),
+        )
+
+    def _close_part(self, out: list[bytes], item: _Item) -> None:
+        if not item.part:
+            return
+        text = "".join(item.text)
+        where = {"item_id": item.id, "output_index": item.index, "content_index": item.parts - 1}
+        if item.part == "output_text":
+            self._emit(out, "response.output_text.done", **where, text=text, logprobs=item.logprobs)
+        elif item.part == "refusal":
+            self._emit(out, "response.refusal.done", **where, refusal=text)
+        else:
+            self._emit(out, "response.reasoning_text.done", **where, text=text)
+        done = _part(item.part, text, item.logprobs)
+        self._emit(out, "response.content_part.done", **where, part=done)
+        item.done_parts.append(done)
+        item.part, item.text, item.logprobs = "", [], []
+
+    def _close_item(self, out: list[bytes], item: _Item, status: str = "completed") -> None:
+        if item.kind == "function_call":
+            arguments = "".join(item.text)
+            self._emit(
+                out,
+                "response.function_call_arguments.done",
+                item_id=item.id,
+                output_index=item.index,
+                name=item.name,
+                arguments=arguments,
+            )
+            final = function_call_item(item.call_id, item.name, arguments, item.id, status)
+        else:
+            self._close_part(out, item)
+            if item.kind == "message":
+                final = {**message_item("", None, item.id, status), "content": item.done_parts}
+            else:
+                final = {**reasoning_item("", item.id, status), "content": item.done_parts}
+        self._output[item.index] = final
+        self._emit(out, "response.output_item.done", output_index=item.index, item=final)
+        if self._open is item:
+            self._open = None
+
+    # --- the end ------------------------------------------------------------------------------
+
+    def _complete(self, out: list[bytes]) -> None:
+        status = "incomplete" if self._finish in ("length", "content_filter") else "completed"
+        for item in self._unfinished():
+            self._close_item(out, item, status)
+        response = finish(self.response, list(self._output), self._finish, self._usage)
+        self.done = True
+        self._emit(out, f"response.{response['status']}", response=response)
+
+    def _fail(self, out: list[bytes], message: str) -> None:
+        self.failed = True
+        for item in self._unfinished():
+            self._close_item(out, item, "incomplete")
+        self.done = True
+        self.response["status"] = "failed"
+        self.response["output"] = list(self._output)
+        self.response["error"] = {"code": "server_error", "message": message}
+        self._emit(out, "error", code="server_error", message=message, param=None)
+        self._emit(out, "response.failed", response=self.response)
+
+    def _unfinished(self) -> list[_Item]:
+        items = [] if self._open is None else [self._open]
+        items += [t for t in self._tools.values() if not self._output[t.index] and t not in items]
+        return sorted(items, key=lambda item: item.index)
+
+    def _emit(self, out: list[bytes], kind: str, **fields: Any) -> None:
+        out.append(encode_named(kind, {"type": kind, "sequence_number": self._seq, **fields}))
+        self._seq += 1
+
+
+def _part(kind: str, text: str, tokens: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    if kind == "output_text":
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": tokens or []}
+    if kind == "refusal":
+        return {"type": "refusal", "refusal": text}
+    return {"type": "reasoning_text", "text": text}

@@ -1,0 +1,291 @@
+"""Anthropic's Messages API through the real gateway, called with the official anthropic client.
+
+Over a vLLM-like backend (the deterministic fake) the request is translated onto the chat path;
+over a ``kind: anthropic`` backend (the fake Anthropic API, which refuses what the real one
+would) it goes through untranslated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anthropic
+import pytest
+
+from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, pool_policy
+from tests.e2e.anthropic_fake import API_KEY, FakeAnthropic, start_fake_anthropic
+
+TOOL: Any = {
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+TENANTS = "tenants:\n  team-a: {api_keys: ['${TEST_KEY_A}']}\n"
+KEY_A = "key-of-team-a"
+
+
+@pytest.fixture(autouse=True)
+def _tenant_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_KEY_A", KEY_A)
+
+
+Clients = Callable[..., anthropic.AsyncAnthropic]
+
+
+@pytest.fixture
+async def claude() -> AsyncIterator[Clients]:
+    clients: list[anthropic.AsyncAnthropic] = []
+
+    def make(gw: RunningGateway, key: str = "unused", **options: Any) -> anthropic.AsyncAnthropic:
+        client = anthropic.AsyncAnthropic(
+            base_url=gw.root, api_key=key, max_retries=0, timeout=20, **options
+        )
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.close()
+
+
+async def test_messages_create_over_a_vllm_backend(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
+) -> None:
+    up = await make_fake(cached_tokens=3)
+    gw = await make_gateway(pool_policy([up.url]))
+    raw = await claude(gw).messages.with_raw_response.create(
+        model="m",
+        max_tokens=64,
+        system="Be brief.",
+        messages=[{"role": "user", "content": "Hello"}],
+        stop_sequences=["END"],
+        extra_body={"temperature": 0},  # the SDK no longer takes sampling parameters itself
+    )
+    message = await raw.parse()
+    assert message.type == "message" and message.role == "assistant"
+    assert [b.type for b in message.content] == ["text"]
+    assert message.content[0].text == "hello from the fake upstream"  # type: ignore[union-attr]
+    assert message.stop_reason == "end_turn"
+    assert message.usage.input_tokens == 2  # 5 prompt tokens, 3 of them read from a cache
+    assert message.usage.cache_read_input_tokens == 3
+    assert message.usage.output_tokens == 6
+    assert raw.headers["x-gateway-replica"].startswith("up/")
+    sent = up.fake.requests[-1]
+    assert sent.path == "/v1/chat/completions"
+    assert sent.body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello"},
+    ]
+    assert (sent.body["max_tokens"], sent.body["stop"]) == (64, ["END"])
+    assert sent.body["temperature"] == 0
+
+
+async def test_messages_stream(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
+) -> None:
+    up = await make_fake(chunks=3, cached_tokens=1)
+    gw = await make_gateway(pool_policy([up.url]))
+    async with claude(gw).messages.stream(
+        model="m", max_tokens=32, messages=[{"role": "user", "content": "Hi"}]
+    ) as stream:
+        text = "".join([t async for t in stream.text_stream])
+        final = await stream.get_final_message()
+    assert text == "tok0 tok1 tok2 "
+    assert final.stop_reason == "end_turn"
+    assert (final.usage.input_tokens, final.usage.cache_read_input_tokens) == (4, 1)
+    assert final.usage.output_tokens == 3
+
+
+async def test_tools_round_trip(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url]))
+    client = claude(gw)
+    up.fake.queue("tool_call")
+    question: Any = {"role": "user", "content": "Weather in Paris?"}
+    first = await client.messages.create(
+        model="m", max_tokens=64, messages=[question], tools=[TOOL], tool_choice={"type": "any"}
+    )
+    assert first.stop_reason == "tool_use"
+    (use,) = [b for b in first.content if b.type == "tool_use"]
+    assert (use.name, use.input) == ("get_weather", {"city": "Paris"})
+    assert up.fake.requests[-1].body["tool_choice"] == "required"
+    result: Any = {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}],
+    }
+    second = await client.messages.create(
+        model="m",
+        max_tokens=64,
+        messages=[question, {"role": "assistant", "content": first.content}, result],
+        tools=[TOOL],
+    )
+    assert second.content[0].type == "text"
+    messages = up.fake.requests[-1].body["messages"]
+    assert messages[1]["tool_calls"][0]["id"] == use.id
+    assert messages[2] == {"role": "tool", "tool_call_id": use.id, "content": "sunny"}
+    up.fake.queue("tool_call")
+    async with client.messages.stream(
+        model="m", max_tokens=64, messages=[question], tools=[TOOL]
+    ) as stream:
+        streamed = await stream.get_final_message()
+    assert [b.type for b in streamed.content] == ["tool_use"]
+    assert streamed.content[0].input == {"city": "Paris"}  # type: ignore[union-attr]
+
+
+async def test_count_tokens_uses_vllms_tokenizer(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url]))
+    count = await claude(gw).messages.count_tokens(
+        model="m", system="Be brief.", messages=[{"role": "user", "content": "one two three"}]
+    )
+    tokenize = up.fake.requests[-1]
+    assert tokenize.path == "/tokenize"
+    assert tokenize.body["model"] == "fake-model"
+    assert tokenize.body["messages"][-1] == {"role": "user", "content": "one two three"}
+    assert count.input_tokens == (3 + 2) + (3 + 3)  # the fake's count: words + 3 per message
+
+
+async def test_keys_by_x_api_key_or_bearer_and_a_wrong_key(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url], TENANTS))
+    hello: Any = [{"role": "user", "content": "Hi"}]
+    ok = await claude(gw, KEY_A).messages.create(model="m", max_tokens=8, messages=hello)
+    assert ok.content
+    bearer = claude(gw, None, auth_token=KEY_A)  # Authorization: Bearer
+    assert (await bearer.messages.create(model="m", max_tokens=8, messages=hello)).content
+    with pytest.raises(anthropic.AuthenticationError) as info:
+        await claude(gw, "wrong").messages.create(model="m", max_tokens=8, messages=hello)
+    assert info.value.status_code == 401
+    assert info.value.body == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "invalid API key"},
+    }
+    assert len(up.fake.requests) == 2
+
+
+async def test_errors_in_anthropics_format(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url]))
+    client = claude(gw)
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        await client.messages.create(
+            model="nope", max_tokens=8, messages=[{"role": "user", "content": "x"}]
+        )
+    assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        await client.messages.create(
+            model="m",
+            max_tokens=8,
+            messages=[{"role": "user", "content": "x"}],
+            tools=[{"type": "web_search_20250305", "name": "web_search"}],
+        )
+    assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    up.fake.queue("status:503")
+    with pytest.raises(anthropic.InternalServerError) as down:
+        await client.messages.create(
+            model="m", max_tokens=8, messages=[{"role": "user", "content": "x"}]
+        )
+    assert down.value.status_code == 502
+    assert down.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+
+
+async def test_models_in_anthropics_format(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url]))
+    page = await claude(gw).models.list()
+    assert all(m.type == "model" for m in page.data)
+    openai_page = await gw.client.models.list()  # without anthropic-version: OpenAI's format
+    assert [m.id for m in page.data] == [m.id for m in openai_page.data]
+    assert "m" in [m.id for m in page.data]
+    assert all(m.object == "model" for m in openai_page.data)
+
+
+# --- a kind: anthropic backend: untranslated ---------------------------------------------------
+
+
+@pytest.fixture
+async def anthropic_gateway(
+    make_gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[FakeAnthropic, RunningGateway]]:
+    monkeypatch.setenv("TEST_ANTHROPIC_KEY", API_KEY)
+    fake = FakeAnthropic()
+    runner, url = await start_fake_anthropic(fake)
+    gw = await make_gateway(
+        f"""
+backends:
+  claude: {{kind: anthropic, base_url: "{url}", api_key_env: TEST_ANTHROPIC_KEY}}
+models:
+  c: {{backend: claude, model: claude-test-1}}
+"""
+    )
+    yield fake, gw
+    await runner.cleanup()
+    assert fake.problems == []
+
+
+async def test_an_anthropic_backend_gets_the_request_untranslated(
+    anthropic_gateway: tuple[FakeAnthropic, RunningGateway], claude: Clients
+) -> None:
+    fake, gw = anthropic_gateway
+    client = claude(gw)
+    system: Any = [{"type": "text", "text": "Terse.", "cache_control": {"type": "ephemeral"}}]
+    messages: Any = [
+        {"role": "user", "content": "Think first."},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "earlier", "signature": "sig-earlier"},
+                {"type": "text", "text": "Done."},
+            ],
+        },
+        {"role": "user", "content": "Again."},
+    ]
+    message = await client.messages.create(
+        model="c",
+        max_tokens=4096,
+        system=system,
+        messages=messages,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    )
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert message.usage.cache_read_input_tokens == 2  # Anthropic's own counts, unchanged
+    sent = fake.requests[-1]
+    assert sent.body["system"] == system and sent.body["messages"] == messages
+    assert sent.body["model"] == "claude-test-1"  # only the model is renamed
+    assert sent.headers["x-api-key"] == API_KEY  # the backend's key, not the caller's
+    async with client.messages.stream(
+        model="c", max_tokens=64, messages=[{"role": "user", "content": "Hi"}]
+    ) as stream:
+        final = await stream.get_final_message()
+    assert final.content[0].text == "Hello from the fake Claude."  # type: ignore[union-attr]
+    count = await client.messages.count_tokens(
+        model="c", messages=[{"role": "user", "content": "one two"}]
+    )
+    assert count.input_tokens == 5
+    assert fake.requests[-1].body["model"] == "claude-test-1"
+
+
+async def test_count_tokens_without_a_tokenizer_is_the_documented_estimate(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(
+        f'backends:\n  api: {{kind: openai, base_url: "{up.url}"}}\n'
+        "models:\n  o: {backend: api, model: fake-model}\n"
+    )
+    count = await claude(gw).messages.count_tokens(
+        model="o", messages=[{"role": "user", "content": "x" * 40}]
+    )
+    assert count.input_tokens == 10 + 3  # 40 characters / 4, and 3 for the one message
+    assert up.fake.requests == []  # nothing asked of the backend

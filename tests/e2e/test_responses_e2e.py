@@ -1,0 +1,328 @@
+"""OpenAI's Responses API through the real gateway, called with the official openai client.
+
+The backend is the deterministic fake (vLLM-like: it serves chat completions, ``/tokenize`` and
+its own ``/v1/responses``); each test also checks what the gateway sent it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from pydantic import BaseModel
+
+from tests.cache.conftest import RedisServer
+from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy, vllm
+from tests.e2e.anthropic_fake import API_KEY, FakeAnthropic, start_fake_anthropic
+
+WEATHER: Any = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+TENANTS = """
+tenants:
+  team-a: {api_keys: ["${TEST_KEY_A}"]}
+  team-b: {api_keys: ["${TEST_KEY_B}"]}
+"""
+KEY_A, KEY_B = "key-of-team-a", "key-of-team-b"
+
+
+@pytest.fixture(autouse=True)
+def _tenant_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_KEY_A", KEY_A)
+    monkeypatch.setenv("TEST_KEY_B", KEY_B)
+
+
+async def test_a_plain_response(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+    up = await make_fake(cached_tokens=3)
+    gw = await make_gateway(pool_policy([up.url]))
+    raw = await gw.client.responses.with_raw_response.create(
+        model="m", input="Hello", instructions="Be brief.", max_output_tokens=40, temperature=0
+    )
+    response = raw.parse()
+    assert response.output_text == "hello from the fake upstream"
+    assert response.status == "completed"
+    assert response.id.startswith("resp_")
+    assert response.instructions == "Be brief."
+    assert response.usage is not None
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (5, 6)
+    assert response.usage.input_tokens_details.cached_tokens == 3
+    assert response.usage.total_tokens == 11
+    assert raw.headers["x-gateway-replica"].startswith("up/")
+    sent = up.fake.requests[-1]
+    assert sent.path == "/v1/chat/completions"  # translated onto the chat path
+    assert sent.body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello"},
+    ]
+    assert (sent.body["model"], sent.body["max_completion_tokens"]) == ("fake-model", 40)
+
+
+async def test_a_streamed_response(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+    up = await make_fake(chunks=3, cached_tokens=2)
+    gw = await make_gateway(pool_policy([up.url]))
+    async with gw.client.responses.stream(model="m", input="Hello") as stream:
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds.count("response.output_text.delta") == 3
+    assert kinds[-1] == "response.completed"
+    assert final.output_text == "tok0 tok1 tok2 "
+    assert final.usage is not None and final.usage.input_tokens_details.cached_tokens == 2
+    assert up.fake.requests[-1].body["stream_options"] == {"include_usage": True}
+    # the plain iterator of create(stream=True) reads the same typed events
+    events = [e async for e in await gw.client.responses.create(model="m", input="x", stream=True)]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+async def test_a_function_tool_round_trip(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url]))
+    up.fake.queue("tool_call")
+    first = await gw.client.responses.create(
+        model="m", input="Weather in Paris?", tools=[WEATHER], tool_choice="auto"
+    )
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
+    sent = up.fake.requests[-1].body
+    assert sent["tools"][0]["function"]["name"] == "get_weather"
+    assert sent["tool_choice"] == "auto"
+    output: Any = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    second = await gw.client.responses.create(
+        model="m", previous_response_id=first.id, input=[output], tools=[WEATHER]
+    )
+    assert second.output_text == "hello from the fake upstream"
+    assert second.previous_response_id == first.id
+    messages = up.fake.requests[-1].body["messages"]
+    assert messages[0] == {"role": "user", "content": "Weather in Paris?"}
+    assert messages[1]["tool_calls"][0]["id"] == call.call_id
+    assert messages[2] == {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}
+
+
+async def test_a_streamed_function_call(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url]))
+    up.fake.queue("tool_call")
+    async with gw.client.responses.stream(model="m", input="x", tools=[WEATHER]) as stream:
+        deltas = [
+            e.delta async for e in stream if e.type == "response.function_call_arguments.delta"
+        ]
+        final = await stream.get_final_response()
+    assert "".join(deltas) == '{"city": "Paris"}'
+    assert [item.type for item in final.output] == ["function_call"]
+
+
+async def test_previous_response_id_across_two_gateways_sharing_redis(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, redis_server: RedisServer
+) -> None:
+    up = await make_fake()
+    shared = f"shared_state: {{redis_url: '{redis_server.url}'}}\n{TENANTS}"
+    one = await make_gateway(pool_policy([up.url], shared), api_key=KEY_A)
+    two = await make_gateway(pool_policy([up.url], shared), api_key=KEY_A)
+    first = await one.client.responses.create(model="m", input="My name is Ada.")
+    second = await two.client.responses.create(
+        model="m", input="What is my name?", previous_response_id=first.id
+    )
+    assert [m["content"] for m in up.fake.requests[-1].body["messages"]] == [
+        "My name is Ada.",
+        "hello from the fake upstream",
+        "What is my name?",
+    ]
+    fetched = await one.client.responses.retrieve(second.id)
+    assert fetched.output_text == second.output_text and fetched.id == second.id
+    items = await two.client.responses.input_items.list(first.id)
+    assert [i.type for i in items.data] == ["message"]
+    first_item: Any = items.data[0]
+    assert first_item.content[0].text == "My name is Ada."
+    await two.client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        await one.client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        await one.client.responses.create(model="m", input="x", previous_response_id=first.id)
+
+
+async def test_a_tenant_never_reads_anothers_response(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url], TENANTS), api_key=KEY_A)
+    mine = await gw.client.responses.create(model="m", input="a secret of team a")
+    other = openai.AsyncOpenAI(base_url=gw.base_url, api_key=KEY_B, max_retries=0)
+    try:
+        for call in (
+            other.responses.retrieve(mine.id),
+            other.responses.input_items.list(mine.id),
+            other.responses.delete(mine.id),
+            other.responses.create(model="m", input="x", previous_response_id=mine.id),
+        ):
+            with pytest.raises(openai.NotFoundError) as info:
+                await call
+            assert "secret" not in str(info.value.body)
+    finally:
+        await other.close()
+    assert (await gw.client.responses.retrieve(mine.id)).id == mine.id  # still there
+
+
+async def test_store_false_is_not_kept(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url]))
+    response = await gw.client.responses.create(model="m", input="x", store=False)
+    with pytest.raises(openai.NotFoundError):
+        await gw.client.responses.retrieve(response.id)
+
+
+class City(BaseModel):
+    city: str
+    country: str
+
+
+async def test_structured_output_with_parse(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake(reply='{"city": "Paris", "country": "France"}')
+    gw = await make_gateway(pool_policy([up.url]))
+    parsed = await gw.client.responses.parse(
+        model="m", input="Capital of France?", text_format=City
+    )
+    assert parsed.output_parsed == City(city="Paris", country="France")
+    fmt = up.fake.requests[-1].body["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["name"] == "City"
+    assert fmt["json_schema"]["schema"]["required"] == ["city", "country"]
+
+
+async def test_what_cannot_be_served_is_a_400_in_openai_shape(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url]))
+    with pytest.raises(openai.BadRequestError) as info:
+        await gw.client.responses.create(
+            model="m",
+            input="x",
+            tools=[{"type": "web_search"}],
+        )
+    assert info.value.status_code == 400
+    body = info.value.body
+    assert isinstance(body, dict) and body["param"] == "tools[0].type"
+    with pytest.raises(openai.NotFoundError):
+        await gw.client.responses.create(model="nope", input="x")
+    assert up.fake.requests == []
+
+
+async def test_a_cache_hit_is_replayed_as_a_response(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake(cached_tokens=4)
+    surfaces = "surfaces:\n  default:\n    cache: {exact: true}\n"
+    gw = await make_gateway(pool_policy([up.url], surfaces))
+    first = await gw.client.responses.create(model="m", input="Boiling point?", temperature=0)
+    await gw.runtime.cache.drain()  # type: ignore[union-attr]
+    raw = await gw.client.responses.with_raw_response.create(
+        model="m", input="Boiling point?", temperature=0
+    )
+    again = raw.parse()
+    assert raw.headers["x-gateway-cache"] == "exact"
+    assert len(up.fake.requests) == 1
+    assert again.output_text == first.output_text and again.id != first.id
+    assert again.usage is not None  # nothing was generated for this request
+    assert (again.usage.input_tokens, again.usage.output_tokens) == (0, 0)
+    assert again.usage.input_tokens_details.cached_tokens == 0
+    async with gw.client.responses.stream(
+        model="m", input="Boiling point?", temperature=0
+    ) as stream:
+        streamed = await stream.get_final_response()
+    assert streamed.output_text == first.output_text and len(up.fake.requests) == 1
+
+
+async def test_passthrough_relays_the_upstreams_own_responses_api(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake(reply="straight from upstream")
+    policy = build_policy(
+        {"up": vllm(up.url, responses="passthrough")},
+        {"m": {"backend": "up", "model": "fake-model"}},
+    )
+    gw = await make_gateway(policy)
+    response = await gw.client.responses.create(model="m", input="Hi", temperature=0)
+    assert response.output_text == "straight from upstream"
+    assert up.fake.requests[-1].path == "/v1/responses"
+    assert up.fake.requests[-1].body["model"] == "fake-model"
+    async with gw.client.responses.stream(model="m", input="Hi") as stream:
+        final = await stream.get_final_response()
+    assert final.output_text == "straight from upstream"
+    async with aiohttp.ClientSession() as session:
+        metrics = await (await session.get(gw.root + "/metrics")).text()
+    ok = [line for line in metrics.splitlines() if line.startswith("llm_gateway_requests_total")]
+    assert ok and all('status="200"' in line for line in ok)  # no [DONE], not a broken stream
+
+
+async def test_responses_over_an_anthropic_backend(
+    make_gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_ANTHROPIC_KEY", API_KEY)
+    fake = FakeAnthropic()
+    runner, url = await start_fake_anthropic(fake)
+    try:
+        gw = await make_gateway(
+            f"""
+backends:
+  claude: {{kind: anthropic, base_url: "{url}", api_key_env: TEST_ANTHROPIC_KEY}}
+models:
+  c: {{backend: claude, model: claude-test-1}}
+"""
+        )
+        response = await gw.client.responses.create(model="c", input="Hi", instructions="Terse.")
+        assert response.output_text == "Hello from the fake Claude."
+        assert response.usage is not None
+        assert response.usage.input_tokens_details.cached_tokens == 2
+        async with gw.client.responses.stream(model="c", input="Hi") as stream:
+            final = await stream.get_final_response()
+        assert final.output_text == "Hello from the fake Claude."
+        assert fake.problems == []
+        assert fake.requests[0].body["system"] == [{"type": "text", "text": "Terse."}]
+    finally:
+        await runner.cleanup()
+
+
+async def test_an_openai_backend_translated_and_passthrough(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake(reply="from the api", cached_tokens=1)
+    models = {
+        "t": {"backend": "api", "model": "fake-model"},
+        "p": {"backend": "raw", "model": "fake-model"},
+    }
+    gw = await make_gateway(
+        build_policy(
+            {
+                "api": {"kind": "openai", "base_url": up.url},
+                "raw": {"kind": "openai", "base_url": up.url, "responses": "passthrough"},
+            },
+            models,
+        )
+    )
+    translated = await gw.client.responses.create(model="t", input="Hi")
+    assert translated.output_text == "from the api"
+    assert translated.usage is not None and translated.usage.input_tokens_details.cached_tokens == 1
+    assert up.fake.requests[-1].path == "/v1/chat/completions"
+    relayed = await gw.client.responses.create(model="p", input="Hi")
+    assert relayed.output_text == "from the api"
+    assert up.fake.requests[-1].path == "/v1/responses"
+    assert up.fake.requests[-1].body["model"] == "fake-model"

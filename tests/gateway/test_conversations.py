@@ -1,0 +1,141 @@
+"""The stored-response store, in memory and in a real Redis: scoping, TTL and bounds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gateway.conversations import (
+    RecordTooLarge,
+    ResponseStore,
+    StoredResponse,
+    StoreLimits,
+    StoreUnavailable,
+    open_store,
+)
+from tests.cache.conftest import RedisServer
+
+
+def record(tenant: str, n: int, text: str = "hi") -> StoredResponse:
+    return StoredResponse(
+        response={"id": f"resp_{n}", "object": "response", "output": [{"text": text}]},
+        input_items=[{"id": f"msg_{n}", "type": "message", "role": "user", "content": []}],
+        messages=[{"role": "user", "content": text}, {"role": "assistant", "content": "ok"}],
+        tenant=tenant,
+    )
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def make_store(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Any]:
+    stores: list[ResponseStore] = []
+    server: RedisServer | None = None
+    if request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+
+    def make(limits: StoreLimits | None = None) -> ResponseStore:
+        store = open_store(server.url if server is not None else None, limits)
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        await store.aclose()
+
+
+async def test_a_record_round_trips_for_its_tenant_only(make_store: Any) -> None:
+    store = make_store()
+    await store.put(record("team-a", 1, "secret of a"))
+    got = await store.get("team-a", "resp_1")
+    assert got is not None
+    assert got.response["output"] == [{"text": "secret of a"}]
+    assert got.messages[0] == {"role": "user", "content": "secret of a"}
+    assert got.input_items[0]["id"] == "msg_1"
+    assert await store.get("team-b", "resp_1") is None  # another tenant: as if unknown
+    assert await store.delete("team-b", "resp_1") is False
+    assert await store.get("team-a", "resp_1") is not None  # b's delete did nothing
+    assert await store.get("team-a", "resp_404") is None
+
+
+async def test_same_id_under_two_tenants_stays_apart(make_store: Any) -> None:
+    store = make_store()
+    await store.put(record("team-a", 7, "a's"))
+    await store.put(record("team-b", 7, "b's"))
+    a, b = await store.get("team-a", "resp_7"), await store.get("team-b", "resp_7")
+    assert a is not None and b is not None
+    assert (a.messages[0]["content"], b.messages[0]["content"]) == ("a's", "b's")
+
+
+async def test_delete(make_store: Any) -> None:
+    store = make_store()
+    await store.put(record("t", 1))
+    assert await store.delete("t", "resp_1") is True
+    assert await store.get("t", "resp_1") is None
+    assert await store.delete("t", "resp_1") is False
+
+
+async def test_records_expire(make_store: Any) -> None:
+    store = make_store(StoreLimits(ttl_s=1))
+    await store.put(record("t", 1))
+    assert await store.get("t", "resp_1") is not None
+    await asyncio.sleep(1.2)
+    assert await store.get("t", "resp_1") is None
+
+
+async def test_a_record_over_the_size_bound_is_refused(make_store: Any) -> None:
+    store = make_store(StoreLimits(max_record_bytes=2000))
+    with pytest.raises(RecordTooLarge):
+        await store.put(record("t", 1, "x" * 3000))
+    assert await store.get("t", "resp_1") is None
+    await store.put(record("t", 2, "small"))
+    assert await store.get("t", "resp_2") is not None
+
+
+async def test_each_tenant_keeps_at_most_max_entries(make_store: Any) -> None:
+    store = make_store(StoreLimits(max_entries=3))
+    for n in range(5):
+        await store.put(record("busy", n))
+    await store.put(record("quiet", 0))
+    kept = [n for n in range(5) if await store.get("busy", f"resp_{n}") is not None]
+    assert kept == [2, 3, 4]  # the oldest went first
+    assert await store.get("quiet", "resp_0") is not None  # another tenant's are untouched
+
+
+async def test_the_memory_store_is_bounded_in_bytes() -> None:
+    size = len(record("t0", 0, "y" * 500).encode())
+    store = open_store(None, StoreLimits(max_record_bytes=size, max_total_bytes=2 * size + 10))
+    for n in range(5):
+        await store.put(record(f"t{n}", n, "y" * 500))
+    kept = [n for n in range(5) if await store.get(f"t{n}", f"resp_{n}") is not None]
+    assert kept == [3, 4]
+    await store.aclose()
+
+
+async def test_redis_down_is_store_unavailable(redis_server: RedisServer) -> None:
+    store = open_store(redis_server.url)
+    await store.put(record("t", 1))
+    redis_server.stop()
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.get("t", "resp_1")
+        with pytest.raises(StoreUnavailable):
+            await store.put(record("t", 2))
+    finally:
+        await store.aclose()
+
+
+async def test_two_stores_on_one_redis_share_records(redis_server: RedisServer) -> None:
+    one, two = open_store(redis_server.url), open_store(redis_server.url)
+    try:
+        await one.put(record("t", 1, "from one"))
+        got = await two.get("t", "resp_1")
+        assert got is not None and got.messages[0]["content"] == "from one"
+        assert await two.delete("t", "resp_1") is True
+        assert await one.get("t", "resp_1") is None
+    finally:
+        await one.aclose()
+        await two.aclose()
