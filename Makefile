@@ -13,17 +13,23 @@ export TRANSFORMERS_OFFLINE := 1
 .PHONY: demo test install install-dev vllm-env redis-server litellm-env lint typecheck \
         test-fast bench-overhead bench-routing bench-cache tracing-ui check-dashboard clean
 
+# Every pip call through which torch can enter goes through deploy/local/torch-index.sh: it adds
+# PyTorch's CPU wheel index (TORCH_INDEX, default https://download.pytorch.org/whl/cpu; a mirror
+# works, empty turns it off) when that index answers, and otherwise accepts only a CPU torch that
+# pip finds locally (PIP_FIND_LINKS). `make install TORCH_INDEX=https://my-mirror/whl/cpu`.
+TORCH_PIP := bash deploy/local/torch-index.sh
+
 # The gateway with its semantic cache (what `make demo` needs besides vLLM). torch is pinned
-# to the local CPU wheel first, so nothing pulls a CUDA build.
-$(VENV)/.core: pyproject.toml
+# to the CPU build first, so nothing pulls a CUDA build.
+$(VENV)/.core: pyproject.toml deploy/local/torch-index.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[cache]'
+	$(TORCH_PIP) torch $(BIN)/python -q
+	$(TORCH_PIP) pip $(BIN)/python -q -e '.[cache]'
 	touch $@
 
 # Everything: plus the offline tools' extra (training) and the test and lint tools.
 $(VENV)/.all: $(VENV)/.core pyproject.toml
-	$(BIN)/pip install -q -e '.[dev,cache,training]'
+	$(TORCH_PIP) pip $(BIN)/python -q -e '.[dev,cache,training]'
 	touch $@
 
 install: $(VENV)/.core
@@ -39,8 +45,10 @@ redis-server:
 litellm-env:
 	bash bench/litellm-env.sh
 
+# The gateway's port: make demo DEMO_PORT=8081 when 8080 is taken.
+DEMO_PORT ?= 8080
 demo: install vllm-env
-	$(BIN)/python -m deploy.local.demo
+	$(BIN)/python -m deploy.local.demo --port $(DEMO_PORT)
 
 lint: install-dev
 	$(BIN)/ruff check .

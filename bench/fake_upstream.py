@@ -4,8 +4,10 @@ Behaviour is fixed by its settings (latency before the response, number of strea
 the gap between them) and by a script of per-request actions that a test queues up
 (``"ok"``, ``"status:503"``, ``"drop"``, ``"hang"``, ``"midstream_drop"``, ``"hold_end:0.2"``:
 a stream's ``data: [DONE]`` sent, its end held back 0.2 s; ``"tool_call"``: a call of the
-request's first tool...). Nothing is random. Like vLLM it also serves ``POST /tokenize`` and
-``POST /v1/responses`` (``bench.fake_responses``).
+request's first tool; ``"html"``: a 200 error page; ``"truncated"``: a JSON answer cut short;
+``"big:N"``: an answer padded by N bytes...). With ``gzip`` every answer is compressed whatever
+the client accepts, as CDNs do. Nothing is random. Like vLLM it also serves ``POST /tokenize``
+and ``POST /v1/responses`` (``bench.fake_responses``).
 Run standalone: ``python -m bench.fake_upstream --port 9000 --latency-ms 1 --chunks 64``.
 """
 
@@ -23,6 +25,9 @@ from typing import Any
 
 from aiohttp import web
 
+# vLLM answers with its own request id; a gateway must not pass it on as the caller's.
+UPSTREAM_ID = {"X-Request-Id": "fake-upstream-request-id"}
+
 
 @dataclass
 class FakeSettings:
@@ -31,6 +36,7 @@ class FakeSettings:
     chunks: int = 4  # streamed content chunks
     chunk_interval_ms: float = 0.0
     reply: str = "hello from the fake upstream"
+    gzip: bool = False  # compress every answer, whatever the client accepts (as CDNs do)
     tool_calls: int = 0  # chat answers also call this many tools (finish_reason tool_calls)
     cached_tokens: int = 0  # reported as prompt_tokens_details.cached_tokens when > 0
     reasoning: str = ""  # returned as reasoning_content (streamed first) when set
@@ -63,7 +69,7 @@ class FakeUpstream:
             self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=128 * 1024 * 1024)  # vLLM takes large bodies
         app.router.add_post("/v1/chat/completions", self._completion)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_post("/v1/embeddings", self._completion)
@@ -117,6 +123,17 @@ class FakeUpstream:
             raise ConnectionResetError("fake drop")
         if action == "hang":
             await asyncio.sleep(3600)
+        if action == "html":  # a proxy's error page, with a 200
+            return web.Response(
+                text="<html><body>Bad gateway</body></html>", content_type="text/html"
+            )
+        if action == "truncated":  # a JSON answer cut short, then the connection closes
+            return await self._truncated(request)
+        if action.startswith("big:"):  # a valid answer of about N bytes
+            size = int(action.split(":", 1)[1])
+            answer = self._full(body, request.path.endswith("/chat/completions"))
+            answer["padding"] = "x" * size
+            return web.json_response(answer, headers=UPSTREAM_ID)
         if action.startswith("sleep:"):
             await asyncio.sleep(float(action.split(":", 1)[1]))
         if self.settings.latency_ms:
@@ -136,7 +153,19 @@ class FakeUpstream:
                 tool_call=action == "tool_call",
             )
         self.completed += 1
-        return web.json_response(self._full(body, chat, action))
+        resp = web.json_response(self._full(body, chat, action), headers=UPSTREAM_ID)
+        if self.settings.gzip:
+            resp.enable_compression(web.ContentCoding.gzip)
+        return resp
+
+    async def _truncated(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.content_length = 400
+        await resp.prepare(request)
+        await resp.write(b'{"id": "fake-1", "object": "chat.completion", "choices": [')
+        assert request.transport is not None
+        request.transport.close()
+        raise ConnectionResetError("fake truncated answer")
 
     def _embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         """One 3-dimensional vector per input: (its length, its index, 0.5)."""
@@ -210,7 +239,9 @@ class FakeUpstream:
         hold_end: float = 0.0,
         tool_call: bool = False,
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **UPSTREAM_ID})
+        if self.settings.gzip:
+            resp.enable_compression(web.ContentCoding.gzip)
         await resp.prepare(request)
         model = body.get("model", self.settings.models[0])
         kind = "chat.completion.chunk" if chat else "text_completion"

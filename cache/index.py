@@ -20,16 +20,22 @@ releases the GIL), and the store's sync task adds entries concurrently.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import faiss
 import numpy as np
 import numpy.typing as npt
 
 from cache.keys import CacheScope
+
+# faiss's loader tries its AVX-512 and AVX2 builds first and logs each miss at INFO with a
+# ModuleNotFoundError ("Could not load library..."): noise at every start on a CPU or wheel
+# without them. Its outcome is all that matters, and a real failure still raises.
+logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+import faiss  # noqa: E402 (after the logger is quietened)
 
 Vector = npt.NDArray[np.float32]
 

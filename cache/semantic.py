@@ -61,6 +61,7 @@ class CachePlan:
     request: CacheRequest | None
     lookup: bool
     fill: bool
+    skipped: str | None = None  # why the cache is not involved: temperature, no-cache, no-store
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,11 +244,11 @@ class ResponseCache:
         if not policy.allow_temperature and (
             not isinstance(temperature, int | float) or temperature > 0
         ):
-            return CachePlan(None, False, False)
+            return CachePlan(None, False, False, "temperature")
         directives = _cache_control(cache_control)
         lookup, fill = "no-cache" not in directives, "no-store" not in directives
         if not (lookup or fill):
-            return CachePlan(None, False, False)
+            return CachePlan(None, False, False, "no-cache, no-store")
         scope = CacheScope(tenant, model_alias, policy.namespace or surface)
         return CachePlan(build_request(body, scope, endpoint, query_text), lookup, fill)
 

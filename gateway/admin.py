@@ -1,12 +1,30 @@
-"""The admin endpoints (loopback callers only): reload, surfaces and queues, cache purge."""
+"""The admin endpoints: reload, surfaces and queues, cache purge.
+
+Who may call them: with ``server.admin_token_env`` set, whoever sends ``Authorization: Bearer
+<that token>`` (from any address: behind a proxy on the host every caller looks like
+loopback, so the peer address proves nothing). Without a token, loopback callers only, and
+only while the gateway listens on loopback; bound to another address, the admin API answers
+403 until a token is configured.
+"""
 
 from __future__ import annotations
 
+import hmac
+from dataclasses import dataclass
+
 from aiohttp import web
 
-from gateway.errors import BadRequest, NotFound, Unavailable, error_body
+from gateway.errors import BadRequest, Forbidden, NotFound, Unauthorized, Unavailable, error_body
 from gateway.keys import LIVE, SLO
 from policies.loader import PolicyError
+
+
+@dataclass
+class AdminAccess:
+    listens_beyond_loopback: bool = False  # set by `serve` from the address it binds
+
+
+ADMIN_ACCESS = web.AppKey("admin_access", AdminAccess)
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
@@ -15,8 +33,32 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_delete("/admin/cache", _purge_cache)
 
 
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 def _loopback_only(request: web.Request) -> None:
-    if request.remote not in ("127.0.0.1", "::1"):
+    """The admin check (the name kept from when it was the only rule)."""
+    token = request.app[LIVE].current.admin_token
+    if token:
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(
+            given.encode("utf-8", "surrogateescape"), token.encode()
+        )
+        if not ok:
+            raise Unauthorized(
+                "the admin API needs 'Authorization: Bearer <admin token>' "
+                "(server.admin_token_env)",
+                code="invalid_admin_token",
+            )
+        return
+    if request.app[ADMIN_ACCESS].listens_beyond_loopback:
+        raise Forbidden(
+            "the admin API is off: the gateway listens beyond loopback and no admin token is "
+            "set (server.admin_token_env)",
+            code="admin_token_required",
+        )
+    if request.remote is None or not is_loopback(request.remote):
         raise NotFound(f"unknown route {request.method} {request.path}")
 
 

@@ -16,9 +16,15 @@ from aiohttp import web
 
 from gateway import admin, dialect_routes, handlers
 from gateway.build import build_runtime
-from gateway.keys import LIVE, METRICS, ORCHESTRATOR, SLO
+from gateway.connections import ConnectionLimits
+from gateway.keys import LIMITS, LIVE, METRICS, ORCHESTRATOR, SLO
 from gateway.live import LivePolicy, budgets
-from gateway.middleware import context_middleware, error_middleware
+from gateway.middleware import (
+    context_middleware,
+    cors_middleware,
+    cors_on_prepare,
+    error_middleware,
+)
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import SloCollector, SloTracker
 from gateway.observability.tracing import Telemetry
@@ -40,8 +46,11 @@ def create_app(
     """``telemetry`` replaces the one built from the policy (tests pass an in-memory exporter)."""
     if isinstance(source, str):
         source = PolicySource(source)
+    # Bodies are read by gateway.protocol.body under the policy's limits, never by
+    # request.read(); client_max_size only backs that up.
     app = web.Application(
-        middlewares=[context_middleware, error_middleware], client_max_size=64 * 1024 * 1024
+        middlewares=[cors_middleware, context_middleware, error_middleware],
+        client_max_size=policy.server.max_body_bytes,
     )
     metrics = GatewayMetrics(lambda: all_replicas(list(app[LIVE].current.pools.values())))
     slo = SloTracker(budgets(policy))
@@ -50,8 +59,11 @@ def create_app(
     app[METRICS] = metrics
     app[SLO] = slo
     app[ORCHESTRATOR] = Orchestrator(metrics, slo)
+    app[LIMITS] = ConnectionLimits.of(policy.server)
     app[_SETUP] = (policy, source, policy_path, telemetry)
     app.cleanup_ctx.append(_live_policy)
+    app[admin.ADMIN_ACCESS] = admin.AdminAccess()
+    app.on_response_prepare.append(cors_on_prepare)
     handlers.add_routes(app.router)
     dialect_routes.add_routes(app.router)
     admin.add_routes(app.router)
@@ -62,7 +74,10 @@ async def _live_policy(app: web.Application) -> AsyncIterator[None]:
     """Build the policy's runtime (pools, cache, embedder, tiers, telemetry); close it at the end."""
     policy, source, path, telemetry = app[_SETUP]
     runtime = await build_runtime(policy, source, telemetry=telemetry)
-    live = LivePolicy(runtime, path, app[SLO], telemetry)
+    limits = app[LIMITS]
+    live = LivePolicy(
+        runtime, path, app[SLO], telemetry, on_reload=lambda p: limits.update(p.server)
+    )
     app[LIVE] = live
     yield
     await live.close()

@@ -15,12 +15,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.errors import PayloadTooLarge
 from gateway.observability.tracing import RequestSpan
+from gateway.protocol.body import read_body as read_bounded_body
 from gateway.protocol.openai import ParsedRequest
 from gateway.upstream.client import FORWARDED_HEADERS
 from gateway.upstream.out import ClientDialect
+from policies.server import ServerConfig
 from routing.prompt_text import render_for_routing
+
+# The request's id: the caller's x-request-id when it is sane, else a new one (middleware.py);
+# it is on every response, the streamed ones included (set before the relay prepares them).
+REQUEST_ID = web.RequestKey("llm_gateway.request_id", str)
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime, SurfacePlan
@@ -93,22 +98,9 @@ def upstream_headers(request: web.Request) -> CIMultiDict[str]:
     return headers
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The request body, refused (413) past ``limit`` bytes."""
-    length = request.content_length
-    if length is not None:
-        if length > limit:
-            raise PayloadTooLarge(
-                f"request body is {length} bytes; the limit is {limit}", code="body_too_large"
-            )
-        return await request.read()
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.content.iter_chunked(65536):
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(
-                f"request body exceeds the limit of {limit} bytes", code="body_too_large"
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
+async def read_body(request: web.Request, server: ServerConfig) -> bytes:
+    """The request body, decoded and bounded by the policy's ``server`` settings (size on the
+    wire and decoded, inflate ratio, time): see ``gateway.protocol.body``."""
+    return await read_bounded_body(
+        request, server.max_body_bytes, server.body_timeout_s, server.max_inflate_ratio
+    )

@@ -19,7 +19,14 @@ from pathlib import Path
 
 from aiohttp import web
 
-from policies.loader import PolicyError, load_policy, read_policy
+from policies.loader import (
+    PolicyError,
+    PolicyIssue,
+    load_policy,
+    read_policy,
+    read_policy_text,
+    validate_policy,
+)
 from policies.schema import Policy
 
 log = logging.getLogger("llm_gateway")
@@ -76,12 +83,24 @@ def _cmd_check(args: argparse.Namespace) -> int:
     """Validate the file, then load what it names (artifacts, tokenizers) as serving would."""
     from gateway.build import prepare
 
+    issues: list[PolicyIssue] = []
+    policy = None
     try:
-        policy, source = read_policy(args.policy)
-        prepare(policy, source)
+        policy, source, issues = validate_policy(read_policy_text(args.policy), str(args.policy))
     except PolicyError as exc:
-        print(f"{args.policy}: invalid policy ({len(exc.issues)} problem(s))", file=sys.stderr)
-        for issue in exc.issues:
+        issues = exc.issues
+    if policy is not None:  # what it names (artifacts, tokenizers, extras): all at once
+        try:
+            prepare(policy, source)
+        except PolicyError as exc:
+            issues += exc.issues
+        except Exception:
+            if not issues:
+                raise
+            # a consequence of the problems already found (a model naming no backend...)
+    if issues or policy is None:
+        print(f"{args.policy}: invalid policy ({len(issues)} problem(s))", file=sys.stderr)
+        for issue in issues:
             print(f"  {issue}", file=sys.stderr)
         return 1
     print(f"{args.policy}: OK: {summary(policy)}")
@@ -133,12 +152,15 @@ async def _serve(
     port: int,
     on_ready: Callable[[str], None] | None,
 ) -> None:
+    from gateway.admin import ADMIN_ACCESS, is_loopback
     from gateway.app import create_app
+    from gateway.connections import make_runner
     from gateway.keys import LIVE
 
     _, source = read_policy(policy_path)
     app = create_app(policy, source, policy_path)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    app[ADMIN_ACCESS].listens_beyond_loopback = not is_loopback(host)
+    runner = make_runner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096)
     await site.start()

@@ -10,7 +10,6 @@ in the caller's tenant only. Messages errors leave in Anthropic's format and sta
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,7 +23,7 @@ from gateway.errors import BadRequest, GatewayError, NotFound, Unavailable, Upst
 from gateway.keys import LIVE, ORCHESTRATOR
 from gateway.orchestrator import LABELS_KEY
 from gateway.protocol import anthropic_messages_output as messages_out
-from gateway.protocol import token_count
+from gateway.protocol import strict_json, token_count
 from gateway.protocol.anthropic_messages import MessagesRequest, read_messages_request
 from gateway.protocol.openai import Endpoint, ParsedRequest
 from gateway.protocol.responses import read_responses_request, relayed_request
@@ -51,10 +50,7 @@ def _read_model(request: web.Request, raw: bytes) -> dict[str, Any]:
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    body = strict_json.loads(raw)  # a 400 for anything but strict UTF-8 JSON
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     model = body.get("model")
@@ -82,7 +78,7 @@ def _passthrough(
 async def _create_response(request: web.Request) -> web.StreamResponse:
     rt = request.app[LIVE].current
     tenant = rt.authenticate(request.headers)
-    raw = await read_body(request, rt.max_body_bytes)
+    raw = await read_body(request, rt.policy.server)
     body = _read_model(request, raw)
     passthrough = _passthrough(rt, Endpoint.RESPONSES, raw, body)
     if passthrough is not None:  # the upstream checks the request and keeps its state
@@ -185,7 +181,7 @@ def _anthropic(handler: Handler) -> Handler:
 async def _messages(request: web.Request) -> web.StreamResponse:
     rt = request.app[LIVE].current
     tenant = rt.authenticate(request.headers)
-    raw = await read_body(request, rt.max_body_bytes)
+    raw = await read_body(request, rt.policy.server)
     body = _read_model(request, raw)
     passthrough = _passthrough(rt, Endpoint.MESSAGES, raw, body)
     if passthrough is not None:  # Anthropic itself checks the request
@@ -201,7 +197,7 @@ async def _count_tokens(request: web.Request) -> web.Response:
     or a vLLM-kind server without ``/tokenize``) the documented estimate."""
     rt = request.app[LIVE].current
     rt.authenticate(request.headers)
-    body = _json_object(await read_body(request, rt.max_body_bytes))
+    body = _json_object(await read_body(request, rt.policy.server))
     target = rt.targets(body["model"])[0]
     pool = target.pool
     replicas = pool.available()

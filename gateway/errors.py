@@ -4,6 +4,7 @@
 |--------------------|--------|-----------------------|---------------------------------------------|
 | BadRequest         | 400    | invalid_request_error | malformed JSON, missing or mistyped fields  |
 | Unauthorized       | 401    | authentication_error  | missing or unknown API key                  |
+| Forbidden          | 403    | permission_error      | admin API off (no admin token, public bind)  |
 | NotFound           | 404    | not_found_error       | unknown model or route                      |
 | PayloadTooLarge    | 413    | invalid_request_error | body over server.max_body_bytes             |
 | UpstreamError      | 502    | upstream_error        | connect error or 5xx after retries          |
@@ -57,6 +58,11 @@ class BadRequest(GatewayError):
 class Unauthorized(GatewayError):
     status = 401
     type = "authentication_error"
+
+
+class Forbidden(GatewayError):
+    status = 403
+    type = "permission_error"
 
 
 class NotFound(GatewayError):

@@ -70,7 +70,7 @@ async def _readyz(request: web.Request) -> web.Response:
         return web.json_response(
             {"status": "not ready", "backends_without_healthy_replica": missing}, status=503
         )
-    return web.json_response({"status": "ready", "policy": rt.source.file})
+    return web.json_response({"status": "ready"})  # no file path: this endpoint is public
 
 
 async def _metrics(request: web.Request) -> web.Response:

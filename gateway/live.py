@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from gateway.build import build_runtime, retire
@@ -35,8 +36,10 @@ class LivePolicy:
         path: Path | None,
         slo: SloTracker,
         telemetry: Telemetry | None = None,
+        on_reload: Callable[[Policy], None] | None = None,
     ) -> None:
         self.current = runtime
+        self._on_reload = on_reload  # what lives outside the runtime follows the new policy
         self.path = path  # None: nothing to reload from (a policy built in memory)
         self.slo = slo
         self._telemetry = telemetry  # a caller's (tests): kept across reloads
@@ -53,6 +56,8 @@ class LivePolicy:
             new = await build_runtime(policy, source, old, telemetry=self._telemetry)
             self.current = new
             self.slo.configure(budgets(policy))
+            if self._on_reload is not None:
+                self._on_reload(policy)
             task = asyncio.create_task(retire(old, new, drain=True), name="retire-runtime")
             self._retiring[task] = old
             task.add_done_callback(lambda t: self._retiring.pop(t, None))

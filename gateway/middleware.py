@@ -4,6 +4,13 @@
 whatever its end (the orchestrator leaves its labels and status on the request).
 ``error_middleware``: every error leaves as OpenAI's error JSON with the right status, never a
 stack trace.
+``cors_middleware`` + ``cors_on_prepare``: with ``server.cors``, preflights are answered and
+every response (streams included: the signal runs before the headers are sent) carries the
+CORS headers for an allowed origin.
+
+The access log (``server.access_log``) is one line per request from ``context_middleware``:
+peer, method, path (no query string), status, duration, model label, backend, replica and
+request id. Never a header value, a key, a prompt or a completion.
 """
 
 from __future__ import annotations
@@ -17,17 +24,21 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from gateway.errors import GatewayError, error_body
-from gateway.keys import METRICS, REQUEST_ID
+from gateway.keys import LIVE, METRICS, REQUEST_ID
 from gateway.orchestrator import LABELS_KEY, STATUS_KEY
+from policies.server import CorsConfig
 
 log = logging.getLogger("llm_gateway")
+access_log = logging.getLogger("llm_gateway.access")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware
 async def context_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request_id = request.headers.get("x-request-id", "")[:128] or os.urandom(12).hex()
+    request_id = request.headers.get("x-request-id", "")[:128]
+    if not (request_id.isascii() and request_id.isprintable()) or not request_id:
+        request_id = os.urandom(12).hex()  # none, or one that must not be echoed in a header
     request[REQUEST_ID] = request_id
     started = time.perf_counter()
     try:
@@ -43,13 +54,76 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
     if not response.prepared:
         response.headers["x-request-id"] = request_id
     labels = request.get(LABELS_KEY)
+    status = request.get(STATUS_KEY, response.status)
+    elapsed = time.perf_counter() - started
     if labels is not None:
-        status = request.get(STATUS_KEY, response.status)
         model, backend, replica = labels
-        request.app[METRICS].observe_request(
-            model, backend, replica, status, time.perf_counter() - started
-        )
+        request.app[METRICS].observe_request(model, backend, replica, status, elapsed)
+    if request.app[LIVE].current.policy.server.access_log:
+        model, backend, replica = labels or ("-", "-", "-")
+        access_log.info(
+            "%s %s %s %d %.1fms model=%s backend=%s replica=%s id=%s",
+            request.remote, request.method, request.path, status, elapsed * 1000,
+            model or "-", backend or "-", replica or "-", request_id,
+        )  # fmt: skip
     return response
+
+
+_PREFLIGHT_METHODS = "GET, POST, DELETE, OPTIONS"
+
+
+def _allowed_origin(request: web.Request) -> tuple[CorsConfig, str] | None:
+    cors = request.app[LIVE].current.policy.server.cors
+    origin = request.headers.get("Origin")
+    if cors is None or origin is None:
+        return None
+    if "*" in cors.allow_origins and not cors.allow_credentials:
+        return cors, "*"
+    return (cors, origin) if origin in cors.allow_origins else None
+
+
+@web.middleware
+async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer a CORS preflight (``OPTIONS`` with ``Access-Control-Request-Method``) itself."""
+    if (
+        request.method != "OPTIONS"
+        or "Access-Control-Request-Method" not in request.headers
+        or request.app[LIVE].current.policy.server.cors is None
+    ):
+        return await handler(request)
+    allowed = _allowed_origin(request)
+    if allowed is None:
+        return web.json_response(
+            error_body("origin not allowed (server.cors)", "permission_error", "cors"), status=403
+        )
+    cors, origin = allowed
+    headers = {
+        "Access-Control-Allow-Origin": origin,
+        "Access-Control-Allow-Methods": _PREFLIGHT_METHODS,
+        "Access-Control-Allow-Headers": ", ".join(cors.allow_headers),
+        "Access-Control-Max-Age": str(cors.max_age_s),
+        "Vary": "Origin",
+    }
+    if cors.allow_credentials:
+        headers["Access-Control-Allow-Credentials"] = "true"
+    return web.Response(status=204, headers=headers)
+
+
+async def cors_on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+    allowed = _allowed_origin(request)
+    if allowed is None:
+        return
+    cors, origin = allowed
+    response.headers["Access-Control-Allow-Origin"] = origin
+    response.headers["Access-Control-Expose-Headers"] = ", ".join(cors.expose_headers)
+    response.headers.add("Vary", "Origin")
+    if cors.allow_credentials:
+        response.headers["Access-Control-Allow-Credentials"] = "true"
+
+
+def client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 @web.middleware
@@ -68,6 +142,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return web.json_response(
             error_body(message, type_.get(exc.status, "invalid_request_error")), status=exc.status
         )
+    except ConnectionError:
+        if not client_gone(request):
+            raise
+        # The client went away while its request was read or answered (aiohttp cancels the
+        # handler only with handler_cancellation): not an error of the gateway's, so no
+        # traceback; counted as 499. The answer below reaches no one.
+        log.debug("client left during %s %s", request.method, request.path)
+        request[STATUS_KEY] = 499
+        return web.Response(status=499)
     except Exception:
         log.exception(
             "unhandled error in %s %s (request %s)",

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.call import Call, Dialect, UserQuery, read_body, upstream_headers
+from gateway.call import REQUEST_ID, Call, Dialect, UserQuery, read_body, upstream_headers
 from gateway.errors import BadRequest, GatewayError, Unavailable
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import RequestTiming, SloTracker
@@ -25,7 +25,14 @@ from gateway.observability.summary import ResponseSummary, StreamSummarizer, sum
 from gateway.observability.tracing import RequestSpan
 from gateway.protocol.openai import Endpoint, ParsedRequest, parse_request
 from gateway.runtime import Destination, Runtime
-from gateway.stages.cache import Lookup, StreamCapture, cache_headers, replayed, storable
+from gateway.stages.cache import (
+    Lookup,
+    StreamCapture,
+    cache_headers,
+    cache_state,
+    replayed,
+    storable,
+)
 from gateway.upstream.attempts import Attempt, AttemptOpener
 from gateway.upstream.relay import Relayed, RelayPlan, relay, send_answer
 from routing.admission import AdmissionRejected
@@ -37,6 +44,7 @@ if TYPE_CHECKING:  # the tier stage imports numpy: loaded only for policies with
 # Keys under which the orchestrator leaves labels for the metrics middleware.
 LABELS_KEY = web.RequestKey("llm_gateway.labels", tuple[str, str, str])
 STATUS_KEY = web.RequestKey("llm_gateway.status", int)
+UNKNOWN_MODEL = "unknown"  # the model label of requests that never named a served model
 
 _OPERATION = {
     Endpoint.CHAT: "chat",
@@ -56,18 +64,23 @@ class Orchestrator:
     async def handle(
         self, request: web.Request, rt: Runtime, endpoint: Endpoint
     ) -> web.StreamResponse:
+        # Counted whatever happens; the model label is an alias only once it resolved (a
+        # caller's arbitrary name never becomes a label: /metrics stays small and valid).
+        request[LABELS_KEY] = (UNKNOWN_MODEL, "", "")
         return await self.run(await self.accept(request, rt, endpoint))  # who, what, which surface
 
     async def handle_dialect(
         self, request: web.Request, rt: Runtime, tenant: str, dialect: Dialect
     ) -> web.StreamResponse:
         """A request in another client API, already read and translated by its handler."""
+        request[LABELS_KEY] = (UNKNOWN_MODEL, "", "")
         return await self.run(self.call_for(request, rt, tenant, dialect.parsed, dialect))
 
     async def run(self, call: Call) -> web.StreamResponse:
         rt = call.rt
         async with self.outcome(call) as done:
             targets = rt.targets(call.parsed.model, call.parsed.endpoint)  # unknown model: 404
+            call.request[LABELS_KEY] = (call.parsed.model, "", "")
             lookup = await self.look_up(call)  # exact, then semantic cache
             if lookup.hit is not None:
                 return done(await self.serve_cached(call, lookup))
@@ -87,7 +100,7 @@ class Orchestrator:
     async def accept(self, request: web.Request, rt: Runtime, endpoint: Endpoint) -> Call:
         started = time.perf_counter()
         tenant = rt.authenticate(request.headers)
-        parsed = parse_request(endpoint, await read_body(request, rt.max_body_bytes))
+        parsed = parse_request(endpoint, await read_body(request, rt.policy.server))
         return self.call_for(request, rt, tenant, parsed, None, started)
 
     def call_for(
@@ -100,7 +113,6 @@ class Orchestrator:
         started: float | None = None,
     ) -> Call:
         started = time.perf_counter() if started is None else started
-        request[LABELS_KEY] = (parsed.model, "", "")
         plan = rt.surface_for(tenant, request.headers.get(rt.surface_header))
         span = rt.telemetry.start_request(
             operation=_OPERATION[parsed.endpoint],
@@ -157,6 +169,11 @@ class Orchestrator:
         except asyncio.CancelledError:
             status = 499  # the client went away: not the server's failure
             raise
+        except ConnectionError:  # the client went away while its answer was written
+            transport = call.request.transport
+            if transport is None or transport.is_closing():
+                status = 499
+            raise
         finally:
             if status >= 500 and status != 499 and STATUS_KEY not in call.request:
                 self.slo.observe(call.plan.name, RequestTiming(_ms_since(call.started), ok=False))
@@ -184,7 +201,7 @@ class Orchestrator:
         assert lookup.hit is not None  # the caller's branch
         self.slo.observe(call.plan.name, RequestTiming(_ms_since(call.started)))
         plan = self.relay_plan(call, cache_headers(lookup.hit), Watch(), None)
-        return await send_answer(call.request, replayed(lookup.hit, call.parsed.model), plan)
+        return await send_answer(call.request, replayed(lookup.hit), plan)
 
     # --- 3. tier ---------------------------------------------------------------------------
 
@@ -250,7 +267,11 @@ class Orchestrator:
         attempt = await self.opener.open(call, targets)
         _label(call, attempt)  # known now, should the client leave
         watch = Watch.of(call, lookup)
-        headers = {**_attempt_headers(attempt), **(tier.headers() if tier else {})}
+        headers = {
+            **_attempt_headers(attempt),
+            **(tier.headers() if tier else {}),
+            **cache_state(lookup),
+        }
         plan = self.relay_plan(call, headers, watch, attempt)
         return Served(await relay(call.request, attempt, plan), watch)
 
@@ -272,7 +293,12 @@ class Orchestrator:
         attempt = out.attempt
         _label(call, attempt)
         watch = Watch.of(call, lookup)
-        headers = {**_attempt_headers(attempt), **tier.headers(), **out.headers}
+        headers = {
+            **_attempt_headers(attempt),
+            **tier.headers(),
+            **out.headers,
+            **cache_state(lookup),
+        }
         plan = self.relay_plan(call, headers, watch, attempt)
         if out.held is not None:
             return Served(await send_answer(call.request, out.held, plan, attempt), watch)
@@ -283,9 +309,11 @@ class Orchestrator:
     ) -> RelayPlan:
         """How this request's answer goes back: the deadline and who watches the bytes."""
         parsed = call.parsed
-        headers = {**headers, "x-gateway-surface": call.plan.name}
-        if call.rt.cache is not None and call.plan.cache is not None and parsed.endpoint.generates:
-            headers.setdefault("x-gateway-cache", "miss")
+        headers = {
+            **headers,
+            "x-gateway-surface": call.plan.name,
+            "x-request-id": call.request[REQUEST_ID],  # never the upstream's, streams included
+        }
         on_gap = None
         if attempt is not None and parsed.stream:
             pool, replica = attempt.target.pool.name, attempt.decision.replica.name
@@ -298,6 +326,7 @@ class Orchestrator:
             headers=headers,
             watchers=watch.feeders(),
             on_gap=on_gap,
+            max_response_bytes=call.rt.policy.server.max_response_bytes,
             client=call.dialect,
         )
 

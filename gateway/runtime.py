@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -64,6 +66,9 @@ class SurfacePlan:
         return cls(name, surface.budget, surface.priority, surface.actions, policy, surface.cache)
 
 
+_MALFORMED_KEY = re.compile(r"\s|[\x00-\x1f\x7f]")
+
+
 def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -106,6 +111,8 @@ class Runtime:
         self.max_body_bytes = policy.server.max_body_bytes
         self.surface_header = policy.server.surface_header
         self.retry_after = str(policy.server.retry_after_s)
+        token_env = policy.server.admin_token_env
+        self.admin_token = os.environ.get(token_env) if token_env else None
         self._tenants_by_digest: dict[str, str] = {}
         for name, tenant in policy.tenants.items():
             for key in tenant.api_keys:
@@ -141,8 +148,13 @@ class Runtime:
             )
         scheme, _, key = authorization.partition(" ")
         tenant = None
-        if scheme.lower() == "bearer" and key:
-            tenant = self._tenants_by_digest.get(key_digest(key.strip()))
+        # Exactly "Bearer <key>": a key padded with spaces, or holding bytes that are not
+        # UTF-8 (aiohttp hands them over as surrogate escapes), is not a key anyone was given.
+        if scheme.lower() == "bearer" and key and not _MALFORMED_KEY.search(key):
+            try:
+                tenant = self._tenants_by_digest.get(key_digest(key))
+            except UnicodeEncodeError:
+                tenant = None
         if tenant is None:
             raise Unauthorized("invalid API key", code="invalid_api_key")
         return tenant

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from policies.backends import AnthropicBackend, OpenAIBackend
 from policies.models import TieredModelConfig
 from policies.schema import Policy
 from policies.surfaces import action_errors
-from policies.yamlsource import KeyPath, SourceDoc, parse_yaml
+from policies.yamlsource import MAX_POLICY_CHARS, KeyPath, SourceDoc, parse_yaml
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,28 @@ def read_policy(
     path: str | Path, env: Mapping[str, str] | None = None
 ) -> tuple[Policy, PolicySource]:
     """``load_policy``, and the source that locates later problems in the file."""
+    return parse_policy_source(read_policy_text(path), str(path), env)
+
+
+def read_policy_text(path: str | Path) -> str:
+    """The file's text: bounded in size and UTF-8, or a ``PolicyError`` naming the line."""
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        size = Path(path).stat().st_size
+        if size > MAX_POLICY_CHARS:
+            raise PolicyError(
+                [PolicyIssue(file, None, (), f"the file is over {MAX_POLICY_CHARS} bytes")]
+            )
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise PolicyError([PolicyIssue(file, None, (), f"cannot read: {exc.strerror}")]) from exc
-    return parse_policy_source(text, file, env)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        issue = PolicyIssue(file, line, (), f"not UTF-8 (byte 0x{raw[exc.start]:02x})")
+        raise PolicyError([issue]) from None
+    return text
 
 
 def parse_policy(text: str, file: str = "<policy>", env: Mapping[str, str] | None = None) -> Policy:
@@ -80,21 +97,36 @@ def parse_policy(text: str, file: str = "<policy>", env: Mapping[str, str] | Non
 def parse_policy_source(
     text: str, file: str = "<policy>", env: Mapping[str, str] | None = None
 ) -> tuple[Policy, PolicySource]:
+    policy, source, issues = validate_policy(text, file, env)
+    if issues or policy is None:
+        raise PolicyError(issues)
+    return policy, source
+
+
+def validate_policy(
+    text: str, file: str = "<policy>", env: Mapping[str, str] | None = None
+) -> tuple[Policy | None, PolicySource, list[PolicyIssue]]:
+    """Every issue found, with the policy when its schema holds (so that checks which need it,
+    the cross-section rules and ``prepare``, can still report theirs): ``llm-gateway check``
+    reports them all at once."""
     env = os.environ if env is None else env
     doc = parse_yaml(text, env)
+    source = PolicySource(file, doc)
     issues = [PolicyIssue(file, i.line, i.path, i.message) for i in doc.issues]
-    if issues:
-        raise PolicyError(issues)
+    if doc.data is None and issues:
+        return None, source, issues
     if not isinstance(doc.data, dict):
-        raise PolicyError([PolicyIssue(file, 1, (), "the policy must be a mapping of sections")])
+        return (
+            None,
+            source,
+            [*issues, PolicyIssue(file, 1, (), "the policy must be a mapping of sections")],
+        )
     try:
         policy = Policy.model_validate(doc.data)
     except ValidationError as exc:
-        raise PolicyError(_from_validation(exc, doc, file)) from exc
-    issues = [PolicyIssue(file, doc.line_of(p), p, m) for p, m in cross_check(policy, doc, env)]
-    if issues:
-        raise PolicyError(issues)
-    return policy, PolicySource(file, doc)
+        return None, source, [*issues, *_from_validation(exc, doc, file)]
+    issues += [PolicyIssue(file, doc.line_of(p), p, m) for p, m in cross_check(policy, doc, env)]
+    return policy, source, issues
 
 
 def _from_validation(exc: ValidationError, doc: SourceDoc, file: str) -> list[PolicyIssue]:
@@ -173,17 +205,30 @@ def cross_check(
             problems.append(
                 (("backends", name, "api_key_env"), f"environment variable {key_env} is not set")
             )
-    seen_keys: dict[str, str] = {}
+    token_env = policy.server.admin_token_env
+    if token_env is not None and not env.get(token_env):
+        problems.append(
+            (("server", "admin_token_env"), f"environment variable {token_env} is not set")
+        )
+    seen_keys: dict[str, str] = {}  # sha256 digest -> tenant: one key, whichever way it is given
     for tenant, spec in policy.tenants.items():
+        given: list[tuple[KeyPath, str]] = []
         for i, key in enumerate(spec.api_keys):
             path: KeyPath = ("tenants", tenant, "api_keys", i)
             if path not in doc.substituted:
                 problems.append(
                     (path, "plaintext API key in the file: use ${ENV_VAR} or api_key_sha256")
                 )
-            if key in seen_keys and seen_keys[key] != tenant:
-                problems.append((path, f"the same key is also given to tenant {seen_keys[key]!r}"))
-            seen_keys[key] = tenant
+            given.append((path, hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()))
+        given += [
+            (("tenants", tenant, "api_key_sha256", i), d) for i, d in enumerate(spec.api_key_sha256)
+        ]
+        for path, digest in given:
+            if digest in seen_keys and seen_keys[digest] != tenant:
+                problems.append(
+                    (path, f"the same key is also given to tenant {seen_keys[digest]!r}")
+                )
+            seen_keys[digest] = tenant
         if not spec.api_keys and not spec.api_key_sha256:
             problems.append((("tenants", tenant), "a tenant needs api_keys or api_key_sha256"))
     headers: dict[str, str] = {}

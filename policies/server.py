@@ -3,7 +3,17 @@
 
 ```yaml
 server:
-  max_body_bytes: 4194304         # 413 above this
+  max_body_bytes: 67108864        # 64 MiB: 413 above this, on the wire and once decoded
+  max_inflate_ratio: 20           # a gzip/deflate body may decode to 20x its size (past 1 MiB)
+  max_response_bytes: 67108864    # a non-streamed upstream answer above this is a 502
+  header_timeout_s: 15            # the request line and headers must arrive within this (408)
+  body_timeout_s: 60              # the whole request body must arrive within this (408)
+  keepalive_timeout_s: 75         # an idle keep-alive connection is closed after this
+  max_client_connections: 1024    # open client connections; beyond: the oldest idle one closes,
+                                  # or 503 when none is idle (capped by the open-file limit)
+  admin_token_env: null           # a variable holding the admin token (/admin/*: Bearer token)
+  access_log: false               # one line per request: no prompt, no key
+  cors: null                      # {allow_origins: ["https://app.example"], ...} for browsers
   surface_header: X-Surface       # the request header that selects a surface
   retry_after_s: 2                # Retry-After on 503
 admission:                        # how each backend's admission queue behaves
@@ -44,8 +54,52 @@ def redis_url(value: str | None) -> str | None:
     return value or None
 
 
+MIB = 1024 * 1024
+
+
+class CorsConfig(Strict):
+    """CORS for browser clients: off unless the ``cors`` section is given."""
+
+    allow_origins: list[str] = Field(min_length=1)  # exact origins, or ["*"]
+    allow_headers: list[str] = [
+        "Authorization",
+        "Content-Type",
+        "X-Request-Id",
+        "X-Surface",
+        "X-Session-Id",
+        "OpenAI-Organization",
+        "OpenAI-Project",
+        "OpenAI-Beta",
+        "X-Stainless-*",
+    ]
+    expose_headers: list[str] = ["x-request-id", "x-gateway-cache", "x-gateway-replica"]
+    max_age_s: int = Field(600, ge=0)
+    allow_credentials: bool = False
+
+    @field_validator("allow_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                raise ValueError(f"an origin is '*' or an http(s) URL: {origin!r}")
+            if origin.endswith("/"):
+                raise ValueError(f"an origin has no path (drop the trailing '/'): {origin!r}")
+        return value
+
+
 class ServerConfig(Strict):
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    # 64 MiB: OpenAI takes up to 50 MB of images per request (20 MB each), about 67 MB as the
+    # base64 that a JSON body carries.
+    max_body_bytes: int = Field(64 * MIB, ge=1024)
+    max_inflate_ratio: float = Field(20.0, ge=1.0)
+    max_response_bytes: int = Field(64 * MIB, ge=1024)
+    header_timeout_s: float = Field(15.0, gt=0)
+    body_timeout_s: float = Field(60.0, gt=0)
+    keepalive_timeout_s: float = Field(75.0, gt=0)
+    max_client_connections: int = Field(1024, ge=1)
+    admin_token_env: str | None = Field(None, min_length=1)
+    access_log: bool = False
+    cors: CorsConfig | None = None
     surface_header: str = "X-Surface"
     retry_after_s: int = Field(2, ge=1)
 

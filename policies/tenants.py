@@ -16,6 +16,7 @@ from pydantic import field_validator
 from policies.strict import Strict
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_NOT_IN_KEYS = re.compile(r"[\s\x00-\x1f\x7f]")
 
 
 class Tenant(Strict):
@@ -28,6 +29,11 @@ class Tenant(Strict):
         for key in value:
             if len(key) < 8:
                 raise ValueError("an API key must have at least 8 characters")
+            if _NOT_IN_KEYS.search(key):  # a key read from a file often ends in a newline
+                raise ValueError(
+                    "an API key must not hold spaces or control characters (is the variable "
+                    "padded, or does it end in a newline?)"
+                )
         return value
 
     @field_validator("api_key_sha256")

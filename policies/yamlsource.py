@@ -3,6 +3,11 @@
 ``${VAR}`` and ``${VAR:-default}`` are replaced from the environment in every scalar (keys too).
 An unquoted scalar is re-typed after substitution, so ``port: ${PORT}`` still becomes an int.
 Duplicate keys, which YAML would silently collapse, are errors here.
+
+Bounds: a file over ``MAX_POLICY_CHARS``, or one whose aliases expand to more than
+``MAX_VALUES`` values (a 420-byte "billion laughs" expands to 10^9), is refused with one issue
+before anything else reads it; so are bytes YAML does not allow (control characters), with
+their line.
 """
 
 from __future__ import annotations
@@ -46,14 +51,26 @@ class SourceDoc:
         return None
 
 
+MAX_POLICY_CHARS = 4 * 1024 * 1024
+MAX_VALUES = 100_000  # keys, scalars and collections once aliases are expanded
+
+
+class _TooManyValues(Exception):
+    pass
+
+
 class _Builder:
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
+        self.values = 0
         self.constructor = SafeConstructor()
         self.resolver = Resolver()
         self.doc = SourceDoc(data=None)
 
     def build(self, node: Node, path: KeyPath) -> Any:
+        self.values += 1
+        if self.values > MAX_VALUES:
+            raise _TooManyValues
         self.doc.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, MappingNode):
             return self._mapping(node, path)
@@ -109,18 +126,38 @@ class _Builder:
 
 def parse_yaml(text: str, env: Mapping[str, str] | None = None) -> SourceDoc:
     """Parse ``text``; syntax errors become issues with the line YAML reports."""
+    if len(text) > MAX_POLICY_CHARS:
+        message = f"the policy is over {MAX_POLICY_CHARS} characters"
+        return SourceDoc(data=None, issues=[SourceIssue((), None, message)])
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         return SourceDoc(data=None, issues=[SourceIssue((), line, f"invalid YAML: {exc.problem}")])
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow
+        line = text.count("\n", 0, exc.position) + 1
+        char = exc.character
+        code = char if isinstance(char, int) else ord(char)
+        message = f"invalid YAML: character U+{code:04X} is not allowed (a control character)"
+        return SourceDoc(data=None, issues=[SourceIssue((), line, message)])
+    except RecursionError:
+        return SourceDoc(
+            data=None, issues=[SourceIssue((), None, "invalid YAML: nested too deeply")]
+        )
     builder = _Builder(os.environ if env is None else env)
     if root is None:
         builder.doc.data = {}
         return builder.doc
     try:
         builder.doc.data = builder.build(root, ())
+    except (_TooManyValues, RecursionError):
+        message = (
+            f"the policy expands to more than {MAX_VALUES} values or nests too deeply "
+            "(YAML aliases that repeat each other?)"
+        )
+        builder.doc.data = None
+        builder.doc.issues.append(SourceIssue((), None, message))
     except ConstructorError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -64,7 +65,13 @@ class BackendPool:
         s = self.settings
         if not self.replicas:
             self.replicas = [
-                Replica(s.name, url, eject_after=s.eject_after, cooldown_s=s.cooldown_s)
+                Replica(
+                    s.name,
+                    url,
+                    eject_after=s.eject_after,
+                    cooldown_s=s.cooldown_s,
+                    per_model=s.kind != "vllm",
+                )
                 for url in s.base_urls
             ]
         if s.active_health:
@@ -76,8 +83,10 @@ class BackendPool:
     def name(self) -> str:
         return self.settings.name
 
-    def available(self) -> list[Replica]:
-        return [r for r in self.replicas if r.available()]
+    def available(self, model: str | None = None) -> list[Replica]:
+        """Replicas that take traffic (for ``model``, where health is kept per model)."""
+        now = time.monotonic()
+        return [r for r in self.replicas if r.available(now, model)]
 
     def has_healthy(self) -> bool:
         return any(r.healthy for r in self.replicas)
@@ -97,7 +106,10 @@ class BackendPool:
         connector = aiohttp.TCPConnector(
             limit=0, limit_per_host=self.settings.max_connections, keepalive_timeout=30
         )
-        session = aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=False)
+        # auto_decompress: public APIs and the CDNs in front of them compress answers; the relay
+        # drops Content-Encoding, so what it passes on must be the decoded bytes (a stream is
+        # decoded read by read). Uncompressed answers, vLLM's, cost nothing extra.
+        session = aiohttp.ClientSession(connector=connector, auto_decompress=True, trust_env=False)
         self._session = session
         await self.refresh()
         self._task = asyncio.create_task(self._loop(), name=f"pool-{self.name}")
@@ -200,7 +212,19 @@ def _model_ids(payload: object) -> tuple[str, ...]:
     data = payload.get("data")
     if not isinstance(data, list):
         return ()
-    return tuple(m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str))
+    ids = (m.get("id") for m in data if isinstance(m, dict))
+    return tuple(i for i in ids if isinstance(i, str) and _sane_name(i))
+
+
+def _sane_name(name: str) -> bool:
+    """A model name fit to be a metric label and a header: printable, UTF-8, not huge."""
+    if not 0 < len(name) <= 256 or not name.isprintable():
+        return False
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from the upstream's JSON
+        return False
+    return True
 
 
 def all_replicas(pools: Sequence[BackendPool]) -> list[Replica]:

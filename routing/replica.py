@@ -24,6 +24,11 @@ class Replica:
     consecutive_failures: int = 0
     ejected_at: float | None = None
     last_error: str | None = None
+    # One replica serving many models (an external API: kind openai or anthropic): answers
+    # that fail for one model (5xx, time-outs) eject that (replica, model) pair only; a
+    # connection error still ejects the replica.
+    per_model: bool = False
+    _models: dict[str, _ModelHealth] = field(default_factory=dict, repr=False, init=False)
     # Load reported by the replica itself (vLLM /metrics); None until scraped.
     waiting: float | None = None
     running: float | None = None
@@ -42,23 +47,38 @@ class Replica:
             return self.base_url[: -len("/v1")]
         return self.base_url
 
-    def available(self, now: float | None = None) -> bool:
+    def available(self, now: float | None = None, model: str | None = None) -> bool:
+        now = now if now is not None else time.monotonic()
+        if model is not None and self._models:
+            pair = self._models.get(model)
+            ejected_at = pair.ejected_at if pair is not None else None
+            if ejected_at is not None and now - ejected_at < self.cooldown_s:
+                return False
         if self.healthy:
             return True
         if self.ejected_at is None:
             return False
         # Passive-only replicas come back for a trial request after the cooldown.
-        return (now if now is not None else time.monotonic()) - self.ejected_at >= self.cooldown_s
+        return now - self.ejected_at >= self.cooldown_s
 
-    def record_success(self) -> None:
+    def record_success(self, model: str | None = None) -> None:
         self.consecutive_failures = 0
         self.healthy = True
         self.ejected_at = None
         self.last_error = None
+        if model is not None:
+            self._models.pop(model, None)
 
-    def record_failure(self, reason: str) -> None:
-        self.consecutive_failures += 1
+    def record_failure(self, reason: str, model: str | None = None) -> None:
+        """One failed attempt; ``model``: it failed for that model only (a 5xx, a time-out)."""
         self.last_error = reason
+        if self.per_model and model is not None:
+            pair = self._models.setdefault(model, _ModelHealth())
+            pair.failures += 1
+            if pair.failures >= self.eject_after and pair.ejected_at is None:
+                pair.ejected_at = time.monotonic()
+            return
+        self.consecutive_failures += 1
         if self.consecutive_failures >= self.eject_after and self.healthy:
             self.healthy = False
             self.ejected_at = time.monotonic()
@@ -68,6 +88,12 @@ class Replica:
         self.healthy = False
         self.ejected_at = None
         self.last_error = reason
+
+
+@dataclass(slots=True)
+class _ModelHealth:
+    failures: int = 0
+    ejected_at: float | None = None
 
 
 class LoadGuard:

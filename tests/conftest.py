@@ -15,6 +15,7 @@ from aiohttp import web
 
 from bench.fake_upstream import FakeSettings, FakeUpstream, site_port, start_fake
 from gateway.app import create_app
+from gateway.connections import make_runner
 from gateway.keys import LIVE, METRICS, SLO
 from gateway.live import LivePolicy
 from gateway.observability.metrics import GatewayMetrics
@@ -93,7 +94,7 @@ async def make_gateway(tmp_path: object) -> AsyncIterator[GatewayFactory]:
         file = str(policy_path) if policy_path is not None else "test-policy.yaml"
         policy, source = parse_policy_source(policy_yaml, file)
         app = create_app(policy, source, policy_path, telemetry=telemetry)
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=handler_cancellation)
+        runner = make_runner(app, access_log=None, handler_cancellation=handler_cancellation)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

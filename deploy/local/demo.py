@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,12 +23,34 @@ from policies.loader import PolicyError, load_policy
 DEMO_POLICY = Path(__file__).resolve().parents[2] / "policies" / "examples" / "demo.yaml"
 
 
+def port_taken(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, or None when it can."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.bind((host, port))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.local.demo", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--port", type=int, default=int(os.environ.get("DEMO_PORT") or 8080),
+        help="the gateway's port (default: $DEMO_PORT, else 8080)",
+    )  # fmt: skip
     parser.add_argument("--replicas", type=int, default=2)
     args = parser.parse_args(argv)
+    taken = port_taken(args.host, args.port)
+    if taken:  # before a minute of starting vLLM, not after
+        print(
+            f"port {args.port} on {args.host} is in use ({taken}): stop what holds it, or pick "
+            f"another port: make demo DEMO_PORT={args.port + 1} "
+            f"(or python -m deploy.local.demo --port {args.port + 1})",
+            file=sys.stderr,
+        )
+        return 2
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import BadRequest
+from gateway.protocol import strict_json
 
 _SERVER_TOOL = "server tools (such as web search or code execution) are not supported"
 _REJECTED = ("mcp_servers", "container")
@@ -50,10 +51,7 @@ class MessagesRequest:
 
 
 def parse_messages_request(raw: bytes) -> MessagesRequest:
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    body = strict_json.loads(raw)  # a 400 for anything but strict UTF-8 JSON
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return read_messages_request(body)

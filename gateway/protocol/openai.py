@@ -20,6 +20,7 @@ from typing import Any
 
 from cache.keys import content_text
 from gateway.errors import BadRequest
+from gateway.protocol import strict_json
 
 
 class Endpoint(Enum):
@@ -59,10 +60,7 @@ _NUM_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 
 
 def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    body = strict_json.loads(raw)  # a 400 for anything but strict UTF-8 JSON
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     model = body.get("model")

@@ -32,12 +32,12 @@ upstream; ``metadata`` and the rest of the request are echoed in the Response ob
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import BadRequest
+from gateway.protocol import strict_json
 
 _ROLES = frozenset({"user", "system", "developer", "assistant"})
 _TOOL_CHOICES = frozenset({"none", "auto", "required"})
@@ -85,10 +85,7 @@ def relayed_request(model: str, stream: bool) -> ResponsesRequest:
 
 
 def parse_responses_request(raw: bytes) -> ResponsesRequest:
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    body = strict_json.loads(raw)  # a 400 for anything but strict UTF-8 JSON
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return read_responses_request(body)

@@ -92,24 +92,42 @@ def storable(body: bytes | None) -> Callable[[], bytes | None]:
     return check
 
 
-def replayed(hit: CacheHit, model: str) -> bytes:
-    """The stored answer as a new one: a fresh id and time, zero usage, the alias as model."""
+def replayed(hit: CacheHit) -> bytes:
+    """The stored answer as a new one: a fresh id and time, zero usage. ``model`` stays what
+    the stored answer said (the model that served it), as a live answer would say."""
     data = json.loads(hit.response)
     prefix = "chatcmpl" if data.get("object") == "chat.completion" else "cmpl"
     data["id"] = f"{prefix}-cache-{uuid.uuid4().hex[:24]}"
     data["created"] = int(time.time())
-    data["model"] = model
     data["usage"] = dict(ZERO_USAGE)
     return render_json(data)
 
 
 def cache_headers(hit: CacheHit | None) -> dict[str, str]:
+    """A hit's headers: what it was, and where the answer came from (no replica served it)."""
     if hit is None:
         return {"x-gateway-cache": "miss"}
-    headers: dict[str, str] = {"x-gateway-cache": hit.kind}
+    headers: dict[str, str] = {
+        "x-gateway-cache": hit.kind,
+        "x-gateway-replica": "cache",
+        "x-gateway-route-reason": f"cache_{hit.kind}",
+    }
     if hit.similarity is not None:
         headers["x-gateway-cache-similarity"] = f"{hit.similarity:.4f}"
     return headers
+
+
+def cache_state(lookup: Lookup) -> dict[str, str]:
+    """``x-gateway-cache`` of an answer the cache did not serve: ``miss``, or ``skip`` and why
+    (``x-gateway-cache-skip``). Nothing when the surface has no cache."""
+    plan = lookup.plan
+    if plan is None:
+        return {}
+    if plan.request is None:
+        return {"x-gateway-cache": "skip", "x-gateway-cache-skip": plan.skipped or "uncacheable"}
+    if not plan.lookup:
+        return {"x-gateway-cache": "skip", "x-gateway-cache-skip": "no-cache"}
+    return {"x-gateway-cache": "miss"}
 
 
 @dataclass(frozen=True, slots=True)

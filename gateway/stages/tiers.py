@@ -37,6 +37,7 @@ from gateway.protocol.openai import Endpoint, ParsedRequest
 from gateway.protocol.sse import DONE, EventSplitter, payloads
 from gateway.runtime import Destination
 from gateway.upstream.attempts import Attempt, AttemptOpener
+from gateway.upstream.relay import read_answer
 from policies.models import TieredModelConfig
 from routing.calibration import wants_large
 from routing.cascade import CascadeVerdict, CascadeVerifier, SmallAnswer
@@ -106,7 +107,7 @@ class TierStage:
         body: bytes | None = None
         if whole:
             small = await opener.open(replace(call, parsed=_non_streaming(parsed)), choice.targets)
-            body = await _read_all(small, call.deadline)
+            body = await _read_all(small, call.deadline, call.rt.policy.server.max_response_bytes)
             answer = _answer_of(body, parsed.endpoint)
         else:
             small = await opener.open(call, choice.targets)
@@ -147,12 +148,12 @@ def _non_streaming(parsed: ParsedRequest) -> ParsedRequest:
     return replace(parsed, raw=json.dumps(body).encode(), body=body, stream=False)
 
 
-async def _read_all(attempt: Attempt, deadline: float | None) -> bytes:
+async def _read_all(attempt: Attempt, deadline: float | None, max_bytes: int) -> bytes:
     """The small tier's whole answer (it was asked not to stream)."""
     response = attempt.response
     try:
         async with asyncio.timeout(None if deadline is None else deadline - time.perf_counter()):
-            body = await response.read()
+            body = await read_answer(response, max_bytes)
     except TimeoutError as exc:
         await attempt.discard()
         raise Unavailable(

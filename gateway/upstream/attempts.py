@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ from routing.output_cap import cap_max_tokens, requested_max_tokens, with_max_to
 from routing.pool import BackendPool
 from routing.replica import LoadGuard, Replica
 from routing.router import RoutingDecision, RoutingRequest
+
+log = logging.getLogger("llm_gateway.upstream")
 
 
 @dataclass(slots=True)
@@ -94,7 +97,8 @@ class AttemptOpener:
             )
             tried: set[str] = set()
             for turn in range(2):  # one try and one retry on another replica
-                candidates = [r for r in pool.available() if r.base_url not in tried]
+                available = pool.available(target.upstream_model)
+                candidates = [r for r in available if r.base_url not in tried]
                 decision = self._choose(call, pool, candidates, routing)
                 if decision is None:
                     break
@@ -104,8 +108,17 @@ class AttemptOpener:
                         call, target, decision, routing, candidates, turn, tried
                     )
                 except AttemptFailed as exc:
+                    log.warning(
+                        "attempt on %s/%s failed: %s", pool.name, decision.replica.name, exc
+                    )  # the operator's line names the replica; the caller's never does
+                    if exc.outcome == "rejected_key":
+                        log.error("backend %s refused the gateway's API key: %s", pool.name, exc)
+                        raise UpstreamError(
+                            f"{exc.public} (backend '{pool.name}'); the operator is told",
+                            code="upstream_auth_failed",
+                        ) from exc
                     if not exc.retryable:
-                        raise UpstreamTimeout(str(exc), code="upstream_timeout") from exc
+                        raise UpstreamTimeout(exc.public, code="upstream_timeout") from exc
                     failures.append(exc)
         if not failures:
             raise Unavailable(
@@ -114,7 +127,7 @@ class AttemptOpener:
                 headers={"Retry-After": call.rt.retry_after},
             )
         raise UpstreamError(
-            f"upstream failed after {len(failures)} attempt(s): {failures[-1]}", code="bad_gateway"
+            f"{failures[-1].public} ({len(failures)} attempt(s))", code="bad_gateway"
         )
 
     def _choose(
@@ -161,7 +174,7 @@ class AttemptOpener:
         sent: list[tuple[Replica, float]] = []  # the hedge's replica and when it was sent
 
         async def second() -> Attempt:
-            rest = [r for r in pool.available() if r.base_url not in tried]
+            rest = [r for r in pool.available(target.upstream_model) if r.base_url not in tried]
             choice = pool.router.choose(rest, routing)
             if choice is None:
                 raise AttemptFailed("no_replica", "no replica left to hedge on", True)
@@ -246,7 +259,9 @@ class AttemptOpener:
             guard.release()
             span.end(exc.outcome)
             self.metrics.attempt(pool.name, replica.name, exc.outcome)
-            replica.record_failure(str(exc))
+            if exc.outcome != "rejected_key":  # a refused key says nothing of its health
+                model = None if exc.outcome == "connect_error" else target.upstream_model
+                replica.record_failure(str(exc), model)
             raise
         except BaseException:  # cancelled (client gone, or a hedge lost)
             if response is not None:
@@ -255,7 +270,7 @@ class AttemptOpener:
             span.end("cancelled")
             raise
         self.metrics.attempt(pool.name, replica.name, "ok" if response.status < 400 else "http_4xx")
-        replica.record_success()
+        replica.record_success(target.upstream_model)
         return attempt
 
     def _body(self, call: Call, target: Destination, replica: Replica) -> bytes:

@@ -31,12 +31,44 @@ FORWARDED_HEADERS = (
 
 
 class AttemptFailed(Exception):
-    """The attempt failed before any byte of the body; ``retryable`` says if another may help."""
+    """The attempt failed before any byte of the body; ``retryable`` says if another may help.
 
-    def __init__(self, outcome: str, message: str, retryable: bool) -> None:
+    ``str(exc)`` names the replica (for the operator's log); ``public`` is what a caller may
+    read: no address, host or port of an upstream.
+    """
+
+    def __init__(self, outcome: str, message: str, retryable: bool, public: str = "") -> None:
         super().__init__(message)
-        self.outcome = outcome  # metric label: connect_error | http_5xx | timeout
+        self.outcome = outcome  # metric label: connect_error | http_5xx | timeout | rejected_key
         self.retryable = retryable
+        self.public = public or _PUBLIC.get(outcome, "the upstream failed")
+
+
+_PUBLIC = {
+    "connect_error": "the upstream could not be reached",
+    "http_5xx": "the upstream answered with a server error",
+    "timeout": "the upstream did not answer in time",
+    "rejected_key": "the upstream rejected the gateway's credentials",
+}
+
+
+class AnswerTooLarge(aiohttp.ClientPayloadError):
+    """A non-streamed answer over ``server.max_response_bytes``."""
+
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body of ``resp``, refused (``AnswerTooLarge``) past ``limit`` bytes."""
+    length = resp.content_length
+    if length is not None and length > limit:
+        raise AnswerTooLarge(f"the answer is {length} bytes")
+    parts: list[bytes] = []
+    size = 0
+    while chunk := await resp.content.readany():
+        size += len(chunk)
+        if size > limit:
+            raise AnswerTooLarge(f"the answer is over {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 class UpstreamStreamError(aiohttp.ClientPayloadError):
@@ -113,4 +145,14 @@ async def open_upstream(
     if resp.status >= 500:
         resp.release()
         raise AttemptFailed("http_5xx", f"{replica.name} answered {resp.status}", True)
+    if resp.status in (401, 403):
+        # The caller's key never travels upstream: a 401/403 refuses the gateway's own (or its
+        # lack of one). Not the caller's fault (a 502 for the caller, an error for the
+        # operator), not the replica's health, and no other replica will take it either.
+        resp.release()
+        raise AttemptFailed(
+            "rejected_key",
+            f"{replica.name} answered {resp.status}: the backend's API key was refused",
+            False,
+        )
     return resp

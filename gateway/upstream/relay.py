@@ -35,7 +35,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -44,8 +44,14 @@ from aiohttp import web
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.protocol.answers import render_sse
 from gateway.upstream.attempts import Attempt
-from gateway.upstream.client import UpstreamResponse, UpstreamStreamError
+from gateway.upstream.client import (
+    AnswerTooLarge,
+    UpstreamResponse,
+    UpstreamStreamError,
+    read_capped,
+)
 from gateway.upstream.out import ClientDialect, StreamOut
+from gateway.upstream.providers.translated import TranslatedResponse
 
 log = logging.getLogger("llm_gateway.relay")
 
@@ -55,6 +61,7 @@ _HOP_BY_HOP = {
     "connection",
     "keep-alive",
     "content-encoding",
+    "x-request-id",  # the caller's id is the gateway's (RelayPlan.headers), never the upstream's
 }
 Watcher = Callable[[bytes], None]
 
@@ -70,6 +77,7 @@ class RelayPlan:
     headers: dict[str, str]  # added to the response
     watchers: Sequence[Watcher] = ()  # fed every chunk of a stream as it is sent
     on_gap: Callable[[float], None] | None = None  # seconds between consecutive stream reads
+    max_response_bytes: int = 64 * 1024 * 1024  # a non-streamed answer past this is a 502
     client: ClientDialect | None = None  # None: the client speaks the upstream's API
 
 
@@ -159,7 +167,14 @@ async def _relay_body(attempt: Attempt, plan: RelayPlan) -> tuple[web.Response, 
     limit, ours = _limit(attempt, plan)
     try:
         async with asyncio.timeout(max(limit - time.perf_counter(), 0.0)):
-            body = await upstream.read()
+            body = await read_answer(upstream, plan.max_response_bytes)
+    except AnswerTooLarge as exc:
+        upstream.close()
+        log.warning("an upstream answer was refused: %s (server.max_response_bytes)", exc)
+        raise UpstreamError(
+            "the upstream's answer is larger than server.max_response_bytes",
+            code="response_too_large",
+        ) from exc
     except TimeoutError as exc:
         upstream.close()
         why = "the surface's total_ms budget" if ours else "the backend's timeouts.total_s"
@@ -171,13 +186,43 @@ async def _relay_body(attempt: Attempt, plan: RelayPlan) -> tuple[web.Response, 
         raise UpstreamError(
             "the upstream connection broke while sending the answer", code="bad_gateway"
         ) from exc
+    except ValueError as exc:  # a translated answer (another API's) that does not parse
+        upstream.close()
+        raise UpstreamError("the upstream's answer could not be read", code="bad_gateway") from exc
+    except BaseException:  # the client left (cancelled) mid-read: the replica must see it too
+        upstream.close()
+        raise
     upstream.release()
+    if upstream.status == 200 and not _json_object(body, upstream.headers):
+        # An HTML error page from a proxy, or a body cut short: not an answer.
+        log.warning("an upstream answered 200 with a body that is not a JSON object")
+        raise UpstreamError(
+            "the upstream answered 200 with a body that is not a JSON answer", code="bad_gateway"
+        )
     status, out = upstream.status, body
     if plan.client is not None:
         status, out = plan.client.render(status, body)
         await plan.client.ended()
     resp = web.Response(status=status, body=out, headers=response_headers(upstream, plan.headers))
     return resp, RelayResult(upstream.status, body=body)
+
+
+def _json_object(body: bytes, headers: Mapping[str, str]) -> bool:
+    """Cheap shape check of a 200 answer (the bytes pass on unparsed): a JSON object, whole."""
+    ctype = headers.get("Content-Type", "application/json").lower()
+    if "json" not in ctype:
+        return False
+    stripped = body.strip()
+    return stripped.startswith(b"{") and stripped.endswith(b"}")
+
+
+async def read_answer(upstream: UpstreamResponse, max_bytes: int) -> bytes:
+    """A whole (non-streamed) answer, at most ``max_bytes`` as it comes from the upstream."""
+    if isinstance(upstream, aiohttp.ClientResponse):
+        return await read_capped(upstream, max_bytes)
+    if isinstance(upstream, TranslatedResponse):
+        return await upstream.read(max_bytes)
+    return await upstream.read()
 
 
 def _limit(attempt: Attempt, plan: RelayPlan) -> tuple[float, bool]:

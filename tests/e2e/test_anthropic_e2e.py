@@ -196,7 +196,7 @@ async def test_streamed_tool_call_is_assembled_by_the_client(
     [
         (429, openai.RateLimitError, "rate_limit_error"),
         (400, openai.BadRequestError, "invalid_request_error"),
-        (401, openai.AuthenticationError, "authentication_error"),
+        (404, openai.NotFoundError, "not_found_error"),
     ],
 )
 async def test_upstream_4xx_keeps_its_status_in_openai_shape(

@@ -102,7 +102,7 @@ async def test_cache_control_temperature_and_other_surfaces(
     gw = await make_gateway(policy(up.url, EXACT))
     await ask(gw, extra_headers={"Cache-Control": "no-store"})
     assert (await ask(gw))[1] == "miss"  # no-store: nothing was kept
-    assert (await ask(gw, extra_headers={"Cache-Control": "no-cache"}))[1] == "miss"
+    assert (await ask(gw, extra_headers={"Cache-Control": "no-cache"}))[1] == "skip"
     assert (await ask(gw))[1] == "exact"
     hot: Any = [{"role": "user", "content": "Write a poem."}]
     raw = await gw.client.chat.completions.with_raw_response.create(
@@ -112,7 +112,8 @@ async def test_cache_control_temperature_and_other_surfaces(
     raw = await gw.client.chat.completions.with_raw_response.create(
         model="m", messages=hot, temperature=0.9, extra_headers={"X-Surface": "chat"}
     )
-    assert raw.headers["x-gateway-cache"] == "miss"  # temperature > 0 is not cached
+    assert raw.headers["x-gateway-cache"] == "skip"  # temperature > 0 is not cached
+    assert raw.headers["x-gateway-cache-skip"] == "temperature"
     raw = await gw.client.chat.completions.with_raw_response.create(
         model="m", messages=QUESTION, temperature=0
     )

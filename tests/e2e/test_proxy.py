@@ -436,7 +436,9 @@ async def test_metrics_histograms_are_labelled(
         f'llm_gateway_requests_total{{backend="up",model="m",replica="{replica}",status="200"}} 1.0'
         in text
     )
-    assert 'llm_gateway_requests_total{backend="",model="nope",replica="",status="404"} 1.0' in text
+    assert (
+        'llm_gateway_requests_total{backend="",model="unknown",replica="",status="404"} 1.0' in text
+    )
     assert (
         f'llm_gateway_time_to_first_token_seconds_count{{backend="up",model="m",replica="{replica}"}} 1.0'
         in text

@@ -15,7 +15,7 @@ from typing import Protocol
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.upstream.client import UpstreamBody
+from gateway.upstream.client import UpstreamBody, read_capped
 
 # (upstream status, upstream body) -> (status, OpenAI body)
 BodyTranslator = Callable[[int, bytes], tuple[int, bytes]]
@@ -75,8 +75,14 @@ class TranslatedResponse:
     def status(self) -> int:
         return self._status
 
-    async def read(self) -> bytes:
-        self._status, body = self._translate(self._upstream.status, await self._upstream.read())
+    async def read(self, max_bytes: int | None = None) -> bytes:
+        """The translated whole body; ``max_bytes`` bounds the upstream's (``AnswerTooLarge``)."""
+        raw = (
+            await self._upstream.read()
+            if max_bytes is None
+            else await read_capped(self._upstream, max_bytes)
+        )
+        self._status, body = self._translate(self._upstream.status, raw)
         return body
 
     def release(self) -> None:

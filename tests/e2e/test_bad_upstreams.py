@@ -1,0 +1,141 @@
+"""Upstreams that compress, fail, lie or flood, through the real gateway and the openai client
+(issue 12, items 1 to 5)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import openai
+import pytest
+
+from tests.conftest import FakeFactory, GatewayFactory, build_policy, vllm
+
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+
+
+def one_backend(url: str, **server: Any) -> str:
+    return build_policy(
+        {"up": vllm(url)}, {"m": {"backend": "up", "model": "fake-model"}}, server=server
+    )
+
+
+def external(url: str) -> str:
+    """One OpenAI-compatible external backend (one replica) serving two models."""
+    backend = {"kind": "openai", "base_url": url, "health": {"eject_after": 3, "cooldown_s": 30}}
+    models = {
+        "a": {"backend": "ext", "model": "fake-model"},
+        "b": {"backend": "ext", "model": "other-model"},
+    }
+    return build_policy({"ext": backend}, models)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_compressed_answers_reach_clients_intact(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, stream: bool
+) -> None:
+    up = await make_fake(gzip=True, chunks=5)
+    gw = await make_gateway(one_backend(up.url))
+    if not stream:
+        r = await gw.client.chat.completions.create(model="m", messages=MESSAGES)
+        assert r.choices[0].message.content == "hello from the fake upstream"
+        return
+    text = ""
+    async for chunk in await gw.client.chat.completions.create(
+        model="m", messages=MESSAGES, stream=True
+    ):
+        text += chunk.choices[0].delta.content or "" if chunk.choices else ""
+    assert text == "tok0 tok1 tok2 tok3 tok4 "
+
+
+async def test_failures_of_one_model_do_not_eject_the_other_models_of_its_backend(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake(models=("fake-model", "other-model"))
+    gw = await make_gateway(external(up.url))
+    up.fake.queue("status:500", "status:500", "status:500")
+    for _ in range(3):
+        with pytest.raises(openai.InternalServerError) as info:
+            await gw.client.chat.completions.create(model="a", messages=MESSAGES)
+        assert info.value.status_code == 502
+    # model b, on the same (only) replica, still answers
+    r = await gw.client.chat.completions.create(model="b", messages=MESSAGES)
+    assert r.choices[0].message.content
+    # model a is out for its cooldown: a clear 503, the upstream is spared
+    sent = len(up.fake.requests)
+    with pytest.raises(openai.APIStatusError) as unavailable:
+        await gw.client.chat.completions.create(model="a", messages=MESSAGES)
+    assert unavailable.value.status_code == 503
+    assert len(up.fake.requests) == sent
+    # 4xx never eject: the caller's errors are not the upstream's health
+    up.fake.queue(*["status:400"] * 5)
+    for _ in range(5):
+        with pytest.raises(openai.BadRequestError):
+            await gw.client.chat.completions.create(model="b", messages=MESSAGES)
+    r = await gw.client.chat.completions.create(model="b", messages=MESSAGES)
+    assert r.choices[0].message.content
+
+
+async def test_upstream_failures_name_no_internal_address(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(one_backend(up.url))
+    host_port = up.url.split("//")[1].removesuffix("/v1")
+    for action in ("status:500", "drop"):
+        up.fake.queue(action)
+        with pytest.raises(openai.InternalServerError) as info:
+            await gw.client.chat.completions.create(model="m", messages=MESSAGES)
+        assert info.value.status_code == 502
+        assert host_port not in str(info.value.body)
+        assert "127.0.0.1" not in str(info.value.body)
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_upstream_refusing_the_gateways_key_is_a_502_for_the_caller(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    status: int,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(one_backend(up.url))
+    for stream in (False, True):
+        up.fake.queue(f"status:{status}")
+        with pytest.raises(openai.InternalServerError) as info:
+            await gw.client.chat.completions.create(model="m", messages=MESSAGES, stream=stream)
+        assert info.value.status_code == 502
+        assert isinstance(info.value.body, dict)
+        assert info.value.body["code"] == "upstream_auth_failed"
+    assert any(r.levelno == logging.ERROR and "API key" in r.getMessage() for r in caplog.records)
+    # a refused key says nothing of the replica's health
+    assert all(r.healthy for r in gw.runtime.pools["up"].replicas)
+    assert (await gw.client.chat.completions.create(model="m", messages=MESSAGES)).choices
+
+
+@pytest.mark.parametrize("action", ["html", "truncated"])
+async def test_a_200_that_is_no_answer_is_a_502(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, action: str
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(one_backend(up.url))
+    up.fake.queue(action)
+    with pytest.raises(openai.InternalServerError) as info:
+        await gw.client.chat.completions.create(model="m", messages=MESSAGES)
+    assert info.value.status_code == 502
+    assert isinstance(info.value.body, dict)
+    assert info.value.body["type"] == "upstream_error"
+
+
+async def test_answers_over_max_response_bytes_are_refused_not_buffered(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(one_backend(up.url, max_response_bytes=65536))
+    up.fake.queue("big:1000", "big:200000")
+    assert (await gw.client.chat.completions.create(model="m", messages=MESSAGES)).choices
+    with pytest.raises(openai.InternalServerError) as info:
+        await gw.client.chat.completions.create(model="m", messages=MESSAGES)
+    assert info.value.status_code == 502
+    assert isinstance(info.value.body, dict)
+    assert info.value.body["code"] == "response_too_large"

@@ -1,0 +1,202 @@
+"""First contact (issue 12, items 17 to 19): the demo's port, what cache headers say, cached
+answers that look like live ones, the access log, faiss's start-up noise, `check` reporting
+every problem at once, CORS, and a photo-sized body under the default limit."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gateway.cli import main as cli_main
+from tests.conftest import FakeFactory, GatewayFactory, build_policy, vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+QUESTION: Any = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def policy(url: str, **sections: Any) -> str:
+    return build_policy(
+        {"up": vllm(url)}, {"m": {"backend": "up", "model": "fake-model"}}, **sections
+    )
+
+
+def test_demo_checks_its_port_before_starting_vllm() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "deploy.local.demo", "--port", str(port)],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode == 2
+    assert f"port {port}" in proc.stderr and "DEMO_PORT=" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "starting" not in proc.stdout  # no vLLM was started
+
+
+async def test_cache_hits_look_like_live_answers_and_skips_say_why(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(policy(up.url, surfaces={"default": {"cache": {"exact": True}}}))
+    live = await gw.client.chat.completions.with_raw_response.create(
+        model="m", messages=QUESTION, temperature=0
+    )
+    await gw.runtime.cache.drain()  # type: ignore[union-attr]
+    assert live.headers["x-gateway-cache"] == "miss"
+    for stream in (False, True):
+        hit = await gw.client.chat.completions.with_raw_response.create(
+            model="m", messages=QUESTION, temperature=0, stream=stream,
+            extra_headers={"X-Request-Id": f"hit-{stream}"},
+        )  # fmt: skip
+        assert hit.headers["x-gateway-cache"] == "exact"
+        assert hit.headers["x-gateway-replica"] == "cache"
+        assert hit.headers["x-gateway-route-reason"] == "cache_exact"
+        assert hit.headers["x-request-id"] == f"hit-{stream}"
+        parsed = hit.parse()
+        models = (
+            {chunk.model async for chunk in parsed}  # type: ignore[union-attr]
+            if stream
+            else {parsed.model}  # type: ignore[union-attr]
+        )
+        assert models == {live.parse().model} == {"fake-model"}  # the served model, as live
+    skipped = await gw.client.chat.completions.with_raw_response.create(
+        model="m", messages=QUESTION, temperature=0, extra_headers={"Cache-Control": "no-cache"}
+    )
+    assert skipped.headers["x-gateway-cache"] == "skip"
+    assert skipped.headers["x-gateway-cache-skip"] == "no-cache"
+    hot = await gw.client.chat.completions.with_raw_response.create(model="m", messages=QUESTION)
+    assert (hot.headers["x-gateway-cache"], hot.headers["x-gateway-cache-skip"]) == (
+        "skip",
+        "temperature",
+    )
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_access_log_is_opt_in_and_carries_no_key_or_prompt(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    caplog: pytest.LogCaptureFixture,
+    enabled: bool,
+) -> None:
+    caplog.set_level(logging.INFO, logger="llm_gateway.access")
+    up = await make_fake()
+    key = "sk-access-log-key-0123456789"
+    import hashlib
+
+    tenants = {"a": {"api_key_sha256": [hashlib.sha256(key.encode()).hexdigest()]}}
+    gw = await make_gateway(
+        policy(up.url, tenants=tenants, server={"access_log": enabled}), api_key=key
+    )
+    await gw.client.chat.completions.create(model="m", messages=QUESTION)
+    async with aiohttp.ClientSession() as s, s.get(gw.root + "/healthz") as r:
+        assert r.status == 200
+    lines = [r.getMessage() for r in caplog.records if r.name == "llm_gateway.access"]
+    if not enabled:
+        assert lines == []
+        return
+    assert len(lines) == 2
+    assert "POST /v1/chat/completions 200" in lines[0] and "model=m" in lines[0]
+    assert "GET /healthz 200" in lines[1]
+    assert not any(key in line or "capital of France" in line for line in lines)
+
+
+def test_faiss_loader_noise_is_gone() -> None:
+    code = "import logging; logging.basicConfig(level=logging.INFO); import cache.index"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Could not load library" not in proc.stderr
+    assert "ModuleNotFoundError" not in proc.stderr
+
+
+def test_check_reports_every_problem_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "backends:\n"
+        "  up:\n"
+        '    kind: vllm\n    replicas: ["http://127.0.0.1:9/v1"]\n'
+        "models:\n"
+        "  m: {backend: nope}\n"
+        "  t:\n"
+        "    tiers: [{backend: up, model: small}, {backend: up, model: large}]\n"
+        f"    artifact: {tmp_path}/missing-artifact.json\n"
+        "tenants:\n"
+        '  a: {api_keys: ["plaintext-key-123"]}\n'
+    )
+    assert cli_main(["check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "models.m.backend: no backend named 'nope'" in err
+    assert "plaintext API key" in err
+    assert "models.t" in err and "artifact" in err  # prepare's problem, with the others
+    assert "(3 problem(s))" in err
+
+
+async def test_cors_is_opt_in(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
+    up = await make_fake()
+    origin = "https://app.example"
+    gw = await make_gateway(policy(up.url, server={"cors": {"allow_origins": [origin]}}))
+    preflight = {
+        "Origin": origin,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+    async with aiohttp.ClientSession() as s:
+        async with s.options(gw.base_url + "/chat/completions", headers=preflight) as r:
+            assert r.status == 204
+            assert r.headers["Access-Control-Allow-Origin"] == origin
+            assert "POST" in r.headers["Access-Control-Allow-Methods"]
+            assert "Authorization" in r.headers["Access-Control-Allow-Headers"]
+        other = {**preflight, "Origin": "https://evil.example"}
+        async with s.options(gw.base_url + "/chat/completions", headers=other) as r:
+            assert r.status == 403
+            assert "Access-Control-Allow-Origin" not in r.headers
+        for stream in (False, True):
+            body = {"model": "m", "messages": QUESTION, "stream": stream}
+            async with s.post(
+                gw.base_url + "/chat/completions", json=body, headers={"Origin": origin}
+            ) as r:
+                assert r.status == 200
+                assert r.headers["Access-Control-Allow-Origin"] == origin
+                assert "x-request-id" in r.headers["Access-Control-Expose-Headers"]
+                await r.read()
+    plain = await make_gateway(policy(up.url))
+    async with aiohttp.ClientSession() as s:
+        async with s.options(plain.base_url + "/chat/completions", headers=preflight) as r:
+            assert r.status == 405
+            assert "Access-Control-Allow-Origin" not in r.headers
+        async with s.get(plain.root + "/healthz", headers={"Origin": origin}) as r:
+            assert "Access-Control-Allow-Origin" not in r.headers
+
+
+async def test_a_photo_sized_image_fits_the_default_body_limit(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(policy(up.url))  # no max_body_bytes: the default
+    photo = base64.b64encode(os.urandom(3_600_000)).decode()  # a 3.6 MB JPEG is 4.8 MB of base64
+    content: Any = [
+        {"type": "text", "text": "What is in this photo?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{photo}"}},
+    ]
+    r = await gw.client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": content}]
+    )
+    assert r.choices[0].message.content
+    sent = up.fake.requests[-1].body["messages"][0]["content"][1]["image_url"]["url"]
+    assert len(json.dumps(sent)) > 4_700_000
