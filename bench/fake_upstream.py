@@ -5,9 +5,12 @@ the gap between them) and by a script of per-request actions that a test queues 
 (``"ok"``, ``"status:503"``, ``"drop"``, ``"hang"``, ``"midstream_drop"``, ``"hold_end:0.2"``:
 a stream's ``data: [DONE]`` sent, its end held back 0.2 s; ``"tool_call"``: a call of the
 request's first tool; ``"html"``: a 200 error page; ``"truncated"``: a JSON answer cut short;
-``"big:N"``: an answer padded by N bytes...). With ``gzip`` every answer is compressed whatever
-the client accepts, as CDNs do. Nothing is random. Like vLLM it also serves ``POST /tokenize``
-and ``POST /v1/responses`` (``bench.fake_responses``).
+``"big:N"``: an answer padded by N bytes; ``"ratelimit:0.5"``: a 429 as OpenAI sends it, asking
+to retry in 0.5 s...). With ``gzip`` every answer is compressed whatever the client accepts, as
+CDNs do. Nothing is random. Like vLLM it also serves ``POST /tokenize`` and ``POST
+/v1/responses`` (``bench.fake_responses``). Usage is reported as ``prompt_tokens`` /
+``completion_tokens`` (``cached_tokens`` of the prompt in ``prompt_tokens_details``; none with
+``report_usage: False``); ``headers`` go on every answer (e.g. ``x-ratelimit-*``).
 Run standalone: ``python -m bench.fake_upstream --port 9000 --latency-ms 1 --chunks 64``.
 """
 
@@ -37,6 +40,10 @@ class FakeSettings:
     chunk_interval_ms: float = 0.0
     reply: str = "hello from the fake upstream"
     gzip: bool = False  # compress every answer, whatever the client accepts (as CDNs do)
+    prompt_tokens: int = 5
+    completion_tokens: int = 6  # non-streamed answers (a stream reports its chunk count)
+    report_usage: bool = True  # False: an upstream that reports no usage at all
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every answer
     tool_calls: int = 0  # chat answers also call this many tools (finish_reason tool_calls)
     cached_tokens: int = 0  # reported as prompt_tokens_details.cached_tokens when > 0
     reasoning: str = ""  # returned as reasoning_content (streamed first) when set
@@ -117,6 +124,16 @@ class FakeUpstream:
             status = int(action.split(":", 1)[1])
             err = {"error": {"message": f"fake {status}", "type": "fake_error", "code": status}}
             return web.json_response(err, status=status)
+        if action.startswith("ratelimit:"):
+            wait_s = float(action.split(":", 1)[1])
+            err = {"error": {"message": "Rate limit reached", "type": "requests",
+                             "code": "rate_limit_exceeded"}}  # fmt: skip
+            headers = {
+                "retry-after-ms": str(int(wait_s * 1000)),
+                "x-ratelimit-remaining-requests": "0",
+                "x-ratelimit-reset-requests": f"{wait_s}s",
+            }
+            return web.json_response(err, status=429, headers=headers)
         if action == "drop":
             assert request.transport is not None
             request.transport.close()
@@ -140,7 +157,7 @@ class FakeUpstream:
             await asyncio.sleep(self.settings.latency_ms / 1000)
         if request.path.endswith("/embeddings"):
             self.completed += 1
-            return web.json_response(self._embeddings(body))
+            return web.json_response(self._embeddings(body), headers=self.settings.headers)
         chat = request.path.endswith("/chat/completions")
         if body.get("stream"):
             hold_end = float(action.split(":", 1)[1]) if action.startswith("hold_end:") else 0.0
@@ -153,7 +170,9 @@ class FakeUpstream:
                 tool_call=action == "tool_call",
             )
         self.completed += 1
-        resp = web.json_response(self._full(body, chat, action), headers=UPSTREAM_ID)
+        resp = web.json_response(
+            self._full(body, chat, action), headers={**UPSTREAM_ID, **self.settings.headers}
+        )
         if self.settings.gzip:
             resp.enable_compression(web.ContentCoding.gzip)
         return resp
@@ -227,7 +246,11 @@ class FakeUpstream:
             "created": int(time.time()),
             "model": body.get("model", self.settings.models[0]),
             "choices": choices,
-            "usage": self.usage(5, 6),
+            **(
+                {"usage": self.usage(self.settings.prompt_tokens, self.settings.completion_tokens)}
+                if self.settings.report_usage
+                else {}
+            ),
         }
 
     async def _stream(
@@ -239,7 +262,9 @@ class FakeUpstream:
         hold_end: float = 0.0,
         tool_call: bool = False,
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **UPSTREAM_ID})
+        resp = web.StreamResponse(
+            headers={**UPSTREAM_ID, **self.settings.headers, "Content-Type": "text/event-stream"}
+        )
         if self.settings.gzip:
             resp.enable_compression(web.ContentCoding.gzip)
         await resp.prepare(request)
@@ -286,8 +311,8 @@ class FakeUpstream:
                 request.transport.close()
                 raise ConnectionResetError("fake midstream drop")
         opts = body.get("stream_options") or {}
-        if opts.get("include_usage"):
-            usage = self.usage(5, self.settings.chunks)
+        if opts.get("include_usage") and self.settings.report_usage:
+            usage = self.usage(self.settings.prompt_tokens, self.settings.chunks)
             chunk = {
                 "id": "fake-1",
                 "object": kind,

@@ -1,8 +1,10 @@
 """Check the Grafana dashboard against the series the gateway really exports.
 
 Starts the gateway in this process in front of the deterministic fake upstream (loopback,
-ephemeral ports), sends a few plain and streamed requests (one on a budgeted surface), scrapes
-its ``/metrics`` and checks every PromQL expression of the dashboard:
+ephemeral ports), sends a few plain and streamed requests (one on a budgeted surface; from a
+tenant with limits and a budget, so refusals, a budget alert, a downgrade, a provider's 429 and
+its usage and cost are counted), scrapes its ``/metrics`` and checks every PromQL expression
+of the dashboard:
 
 * every ``llm_gateway_*`` name must be exported (a histogram's ``_bucket``/``_sum``/``_count``
   and a counter's ``_total`` count; families without samples yet count by their ``# TYPE``);
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import re
 import sys
@@ -95,10 +98,13 @@ async def scrape_gateway() -> tuple[str, str]:
 
     from bench.fake_upstream import FakeSettings, FakeUpstream, site_port, start_fake
     from gateway.app import create_app
+    from gateway.keys import LIVE
     from policies.loader import load_policy
 
     fake = FakeUpstream(settings=FakeSettings(chunks=6, chunk_interval_ms=2.0), record=False)
     fake_runner, fake_url = await start_fake(fake)
+    key = "sk-dashboard-check"
+    digest = hashlib.sha256(key.encode()).hexdigest()
     policy_text = f"""
 version: 1
 backends:
@@ -108,13 +114,21 @@ backends:
     discover_models: true
     health: {{interval_s: 0.5}}
 models:
-  default: {{backend: local}}
+  default: {{backend: local, price: {{input_per_mtok: 1000, output_per_mtok: 2000}}}}
+  lite: {{backend: local, price: {{input_per_mtok: 1, output_per_mtok: 2}}}}
+tenants:
+  team-a:
+    api_key_sha256: [{digest}]
+    limits: {{requests_per_minute: 1000}}
+    budget: {{usd: 0.05, window: day, alert_at: [0.5], on_exhausted: downgrade,
+              downgrade_to: lite}}
 surfaces:
   chat:
     match: {{header: chat}}
     priority: interactive
     budget: {{ttft_ms: 500, itl_ms: 50, total_ms: 30000, percentile: p95}}
     actions: {{deadline: true, hedge: {{enabled: true}}}}
+    limits: {{requests_per_minute: 3}}
 """
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "policy.yaml"
@@ -132,19 +146,24 @@ surfaces:
                         if r.status == 200:
                             break
                     await asyncio.sleep(0.1)
-                for i, (stream, surface) in enumerate(
-                    [(False, None), (True, None), (True, "chat"), (False, "chat")]
-                ):
+                fake.queue("ratelimit:0.01")  # a provider's 429 (relayed: no fallback)
+                plan = [(False, None), (True, None), (True, "chat"), (False, "chat")]
+                plan += [(False, "chat")] * 2  # past the surface's 3 a minute: refused
+                plan += [(False, None)] * 4  # 0.017 USD each: the alert, then downgrades
+                for i, (stream, surface) in enumerate(plan):
                     body = {
                         "model": "default",
                         "max_tokens": 8,
                         "stream": stream,
                         "messages": [{"role": "user", "content": f"hello {i}"}],
                     }
-                    headers = {"X-Surface": surface} if surface else {}
+                    headers = {"Authorization": f"Bearer {key}"}
+                    if surface:
+                        headers["X-Surface"] = surface
                     url = f"{base}/v1/chat/completions"
                     async with http.post(url, json=body, headers=headers) as r:
                         await r.read()
+                    await app[LIVE].current.limiter.drain()  # settled before the next one
                 async with http.get(f"{base}/metrics") as r:
                     gateway_text = await r.text()
                 async with http.get(fake_url.removesuffix("/v1") + "/metrics") as r:

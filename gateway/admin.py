@@ -1,4 +1,4 @@
-"""The admin endpoints: reload, surfaces and queues, cache purge.
+"""The admin endpoints: reload, surfaces and queues, cache purge, usage.
 
 Who may call them: with ``server.admin_token_env`` set, whoever sends ``Authorization: Bearer
 <that token>`` (from any address: behind a proxy on the host every caller looks like
@@ -16,6 +16,9 @@ from aiohttp import web
 
 from gateway.errors import BadRequest, Forbidden, NotFound, Unauthorized, Unavailable, error_body
 from gateway.keys import LIVE, SLO
+from gateway.limits.store import StoreUnavailable
+from gateway.limits.usage import report
+from gateway.limits.windows import WINDOW_KINDS, window_of
 from policies.loader import PolicyError
 
 
@@ -31,6 +34,7 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/admin/reload", _reload)
     router.add_get("/admin/surfaces", _surfaces)
     router.add_delete("/admin/cache", _purge_cache)
+    router.add_get("/admin/usage", _usage)
 
 
 def is_loopback(host: str) -> bool:
@@ -112,3 +116,42 @@ async def _reload(request: web.Request) -> web.Response:
             status=400,
         )
     return web.json_response({"status": "reloaded", "policy": rt.source.file})
+
+
+async def _usage(request: web.Request) -> web.Response:
+    """``GET /admin/usage?tenant=T&window=day|week|month``: a tenant's spend, remaining budget,
+    tokens, and per surface its cost per 1k requests beside its latency percentiles.
+
+    Spend, tokens and costs are every instance's (the limit store's records); the latency
+    percentiles are this instance's rolling window (``/admin/surfaces``). Without ``tenant``,
+    every tenant of the policy.
+    """
+    _loopback_only(request)
+    rt = request.app[LIVE].current
+    kind = request.query.get("window", "month")
+    if kind not in WINDOW_KINDS:
+        raise BadRequest("'window' must be day, week or month", param="window")
+    tenants = rt.limits.tenants
+    asked = request.query.get("tenant")
+    if asked is not None and asked not in tenants:
+        raise NotFound(f"no tenant named {asked!r} in the running policy")
+    window = window_of(kind, rt.limiter.now_s())
+    latency = request.app[SLO].view()
+    out = []
+    for tenant in [asked] if asked is not None else tenants:
+        try:
+            fields = await rt.limiter.record_of(tenant, window)
+        except StoreUnavailable as exc:
+            raise Unavailable(
+                "the limit store is unavailable", headers={"Retry-After": "5"}
+            ) from exc
+        spec = rt.policy.tenants.get(tenant)
+        budget = rt.limits.subject(tenant, "default").budget if spec is not None else None
+        row = report(tenant, window, fields, budget, rt.limits.surfaces)
+        for name, surface in row["surfaces"].items():
+            slo = latency.get(name)
+            if slo is not None:
+                surface["latency_ms"] = {k: slo[k] for k in ("ttft_ms", "total_ms")}
+                surface["latency_requests"] = slo["requests"]
+        out.append(row)
+    return web.json_response(out[0] if asked is not None else {"tenants": out})

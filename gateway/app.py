@@ -15,7 +15,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway import admin, dialect_routes, handlers
-from gateway.build import build_runtime
+from gateway.build import Clock, build_runtime
 from gateway.connections import ConnectionLimits
 from gateway.keys import LIMITS, LIVE, METRICS, ORCHESTRATOR, SLO
 from gateway.live import LivePolicy, budgets
@@ -28,6 +28,7 @@ from gateway.middleware import (
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import SloCollector, SloTracker
 from gateway.observability.tracing import Telemetry
+from gateway.observability.usage_metrics import LimiterCollector
 from gateway.orchestrator import Orchestrator
 from gateway.stages.cache import CacheCollector
 from policies.loader import PolicySource
@@ -42,8 +43,10 @@ def create_app(
     source: PolicySource | str = "<policy>",
     policy_path: Path | None = None,
     telemetry: Telemetry | None = None,
+    clock: Clock | None = None,
 ) -> web.Application:
-    """``telemetry`` replaces the one built from the policy (tests pass an in-memory exporter)."""
+    """``telemetry`` replaces the one built from the policy (tests pass an in-memory exporter);
+    ``clock`` the time the limits read (tests move it; by default, the limit store's)."""
     if isinstance(source, str):
         source = PolicySource(source)
     # Bodies are read by gateway.protocol.body under the policy's limits, never by
@@ -56,11 +59,12 @@ def create_app(
     slo = SloTracker(budgets(policy))
     metrics.registry.register(SloCollector(lambda: slo))
     metrics.registry.register(CacheCollector(lambda: app[LIVE].current.cache))
+    metrics.registry.register(LimiterCollector(lambda: app[LIVE].current.limiter))
     app[METRICS] = metrics
     app[SLO] = slo
     app[ORCHESTRATOR] = Orchestrator(metrics, slo)
     app[LIMITS] = ConnectionLimits.of(policy.server)
-    app[_SETUP] = (policy, source, policy_path, telemetry)
+    app[_SETUP] = (policy, source, policy_path, telemetry, clock)
     app.cleanup_ctx.append(_live_policy)
     app[admin.ADMIN_ACCESS] = admin.AdminAccess()
     app.on_response_prepare.append(cors_on_prepare)
@@ -72,11 +76,11 @@ def create_app(
 
 async def _live_policy(app: web.Application) -> AsyncIterator[None]:
     """Build the policy's runtime (pools, cache, embedder, tiers, telemetry); close it at the end."""
-    policy, source, path, telemetry = app[_SETUP]
-    runtime = await build_runtime(policy, source, telemetry=telemetry)
+    policy, source, path, telemetry, clock = app[_SETUP]
+    runtime = await build_runtime(policy, source, telemetry=telemetry, clock=clock)
     limits = app[LIMITS]
     live = LivePolicy(
-        runtime, path, app[SLO], telemetry, on_reload=lambda p: limits.update(p.server)
+        runtime, path, app[SLO], telemetry, clock, on_reload=lambda p: limits.update(p.server)
     )
     app[LIVE] = live
     yield

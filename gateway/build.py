@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.conversations import ResponseStore, StoreLimits, open_store
+from gateway.limits.limiter import Limiter
+from gateway.limits.memory import MemoryStore
+from gateway.limits.store import LimitStore
 from gateway.observability.tracing import Telemetry
 from gateway.runtime import Resources, Runtime
 from policies.backends import Backend, VllmBackend
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
     from gateway.stages.tiers import TierStage
 
 EMBEDDING_DIM = 384  # all-MiniLM-L6-v2
+Clock = Callable[[], float]  # Unix seconds (tests move time; production reads the store's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,14 @@ def _missing(modules: Sequence[str]) -> str | None:
 def _extras(policy: Policy, source: PolicySource) -> list[PolicyIssue]:
     """One clear line per section that needs an extra which is not installed."""
     issues = []
+    if policy.shared_state.redis_url and _first_absent(("redis",)) is not None:
+        issues.append(
+            source.issue(
+                ("shared_state", "redis_url"),
+                "shared state (limits, budgets, usage, stored responses) needs the module "
+                "'redis': install the 'shared' extra: pip install 'llm-gateway[shared]'",
+            )
+        )
     needs: list[KeyPath] = [("surfaces", n, "cache") for n, s in policy.surfaces.items() if s.cache]
     needs += [("models", a) for a, m in policy.models.items() if isinstance(m, TieredModelConfig)]
     if needs:
@@ -91,13 +103,6 @@ def _extras(policy: Policy, source: PolicySource) -> list[PolicyIssue]:
                 issues.append(
                     source.issue(path, f"{what} need(s) the module {missing!r}: {_EXTRA_HINT}")
                 )
-    if policy.shared_state.redis_url and _first_absent(("redis",)) is not None:
-        issues.append(
-            source.issue(
-                ("shared_state", "redis_url"),
-                f"stored responses in Redis need the module 'redis': {_EXTRA_HINT}",
-            )
-        )
     return issues
 
 
@@ -203,6 +208,7 @@ async def build_runtime(
     previous: Runtime | None = None,
     *,
     telemetry: Telemetry | None = None,
+    clock: Clock | None = None,
 ) -> Runtime:
     """The runtime of ``policy``; raises ``PolicyError`` and leaves ``previous`` untouched."""
     old_pools = previous.pools if previous is not None else {}
@@ -214,7 +220,7 @@ async def build_runtime(
         for pool in fresh:
             await pool.start()
             started.append(pool)
-        resources = await _resources(policy, previous, telemetry)
+        resources = await _resources(policy, previous, telemetry, clock)
     except BaseException:
         for pool in started:
             await pool.stop()
@@ -227,9 +233,10 @@ async def build_runtime(
 
 
 async def _resources(
-    policy: Policy, previous: Runtime | None, telemetry: Telemetry | None
+    policy: Policy, previous: Runtime | None, telemetry: Telemetry | None, clock: Clock | None
 ) -> Resources:
     old = previous.resources if previous is not None else None
+    limiter = await _limiter(policy, previous, clock)
     config = policy.cache_store
     embedder: Any = None
     if policy.needs_embeddings():
@@ -260,10 +267,12 @@ async def _resources(
             cache = await CacheStage.open(config, redis_url, EMBEDDING_DIM)
     responses = _response_store(policy, previous)
     if telemetry is not None:
-        return Resources(embedder, cache, telemetry, False, responses)
+        return Resources(embedder, cache, telemetry, False, responses, limiter)
     if old is not None and previous is not None and previous.policy.telemetry == policy.telemetry:
-        return Resources(embedder, cache, old.telemetry, old.owns_telemetry, responses)
-    return Resources(embedder, cache, Telemetry.from_config(policy.telemetry), True, responses)
+        return Resources(embedder, cache, old.telemetry, old.owns_telemetry, responses, limiter)
+    return Resources(
+        embedder, cache, Telemetry.from_config(policy.telemetry), True, responses, limiter
+    )
 
 
 def _response_store(policy: Policy, previous: Runtime | None) -> ResponseStore:
@@ -274,6 +283,28 @@ def _response_store(policy: Policy, previous: Runtime | None) -> ResponseStore:
         if (old.shared_state.redis_url, old.responses_store) == where:
             return previous.responses
     return open_store(where[0], StoreLimits(**policy.responses_store.model_dump()))
+
+
+async def _limiter(policy: Policy, previous: Runtime | None, clock: Clock | None) -> Limiter:
+    """Kept across reloads while ``shared_state`` is the same (in memory: its counters too)."""
+    config = policy.shared_state
+    if previous is not None and previous.policy.shared_state == config:
+        return previous.limiter
+    store: LimitStore
+    if config.redis_url:
+        from gateway.limits.redis_store import RedisLimitStore
+
+        store = RedisLimitStore(config.redis_url, timeout_s=config.timeout_ms / 1000)
+    else:
+        store = MemoryStore()
+    limiter = Limiter(
+        store,
+        fail_open=config.limits_failure_mode == "open",
+        clock=clock,
+        lease_ttl_s=config.lease_ttl_s,
+    )
+    await limiter.start()
+    return limiter
 
 
 def _same_embedder(previous: Runtime | None, policy: Policy) -> bool:
@@ -306,5 +337,7 @@ async def retire(old: Runtime, new: Runtime | None, *, drain: bool) -> None:
         close = getattr(old.embedder, "aclose", None)
         if close is not None:
             await close()
+    if kept is None or kept.limiter is not old.limiter:
+        await old.limiter.aclose()
     if old.resources.owns_telemetry and (kept is None or kept.telemetry is not old.telemetry):
         await asyncio.to_thread(old.telemetry.shutdown)

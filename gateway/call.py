@@ -30,6 +30,11 @@ REQUEST_ID = web.RequestKey("llm_gateway.request_id", str)
 if TYPE_CHECKING:
     from gateway.runtime import Runtime, SurfacePlan
 
+# Keys under which the orchestrator leaves a request's metric labels and final status (read by
+# the metrics middleware, and by the limits stage settling what the answer used).
+LABELS_KEY = web.RequestKey("llm_gateway.labels", tuple[str, str, str])
+STATUS_KEY = web.RequestKey("llm_gateway.status", int)
+
 
 class Dialect(ClientDialect, Protocol):
     """A request in another client API (``gateway.dialects``): the request the stages run, and
@@ -74,6 +79,9 @@ class Call:
     query: UserQuery
     session_key: str | None = None
     dialect: Dialect | None = None  # the client's API when it is not the upstream's (Responses...)
+    # The gateway asked the upstream for the stream's usage the client did not ask for: the
+    # usage chunk is taken out of what the client gets (gateway.protocol.usage).
+    strip_usage: bool = False
     _prompt_text: str | None = field(default=None)
 
     def routing_text(self) -> str:
@@ -84,8 +92,9 @@ class Call:
 
     @property
     def include_usage(self) -> bool:
+        """The client asked for the stream's usage chunk."""
         opts = self.parsed.body.get("stream_options")
-        return isinstance(opts, dict) and bool(opts.get("include_usage"))
+        return isinstance(opts, dict) and bool(opts.get("include_usage")) and not self.strip_usage
 
 
 def upstream_headers(request: web.Request) -> CIMultiDict[str]:

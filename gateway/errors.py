@@ -7,6 +7,8 @@
 | Forbidden          | 403    | permission_error      | admin API off (no admin token, public bind)  |
 | NotFound           | 404    | not_found_error       | unknown model or route                      |
 | PayloadTooLarge    | 413    | invalid_request_error | body over server.max_body_bytes             |
+| RateLimited        | 429    | rate_limit_exceeded   | a tenant's rate limit, or every upstream's  |
+| QuotaExceeded      | 429    | insufficient_quota    | a tenant's spend budget is spent            |
 | UpstreamError      | 502    | upstream_error        | connect error or 5xx after retries          |
 | Unavailable        | 503    | service_unavailable   | no healthy replica (with Retry-After)       |
 | UpstreamTimeout    | 504    | timeout_error         | the upstream did not answer in time         |
@@ -73,6 +75,16 @@ class NotFound(GatewayError):
 class PayloadTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_exceeded"
+
+
+class QuotaExceeded(GatewayError):
+    status = 429
+    type = "insufficient_quota"
 
 
 class UpstreamError(GatewayError):

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.build import build_runtime, retire
+from gateway.build import Clock, build_runtime, retire
 from gateway.observability.slo import SloTracker
 from gateway.observability.tracing import Telemetry
 from gateway.runtime import Runtime
@@ -36,9 +36,11 @@ class LivePolicy:
         path: Path | None,
         slo: SloTracker,
         telemetry: Telemetry | None = None,
+        clock: Clock | None = None,
         on_reload: Callable[[Policy], None] | None = None,
     ) -> None:
         self.current = runtime
+        self._clock = clock  # a caller's (tests): limits read it instead of the store's clock
         self._on_reload = on_reload  # what lives outside the runtime follows the new policy
         self.path = path  # None: nothing to reload from (a policy built in memory)
         self.slo = slo
@@ -53,7 +55,9 @@ class LivePolicy:
         async with self._lock:
             policy, source = await asyncio.to_thread(read_policy, self.path)
             old = self.current
-            new = await build_runtime(policy, source, old, telemetry=self._telemetry)
+            new = await build_runtime(
+                policy, source, old, telemetry=self._telemetry, clock=self._clock
+            )
             self.current = new
             self.slo.configure(budgets(policy))
             if self._on_reload is not None:

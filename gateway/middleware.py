@@ -23,9 +23,9 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from gateway.call import LABELS_KEY, STATUS_KEY
 from gateway.errors import GatewayError, error_body
 from gateway.keys import LIVE, METRICS, REQUEST_ID
-from gateway.orchestrator import LABELS_KEY, STATUS_KEY
 from policies.server import CorsConfig
 
 log = logging.getLogger("llm_gateway")

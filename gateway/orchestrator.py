@@ -17,13 +17,23 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.call import REQUEST_ID, Call, Dialect, UserQuery, read_body, upstream_headers
+from gateway.call import (
+    LABELS_KEY,
+    REQUEST_ID,
+    STATUS_KEY,
+    Call,
+    Dialect,
+    UserQuery,
+    read_body,
+    upstream_headers,
+)
 from gateway.errors import BadRequest, GatewayError, Unavailable
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import RequestTiming, SloTracker
 from gateway.observability.summary import ResponseSummary, StreamSummarizer, summarize_body
 from gateway.observability.tracing import RequestSpan
 from gateway.protocol.openai import Endpoint, ParsedRequest, parse_request
+from gateway.protocol.usage import UsageTap, asks_usage, with_usage
 from gateway.runtime import Destination, Runtime
 from gateway.stages.cache import (
     Lookup,
@@ -33,6 +43,7 @@ from gateway.stages.cache import (
     replayed,
     storable,
 )
+from gateway.stages.limits import LimitStage, Quota
 from gateway.upstream.attempts import Attempt, AttemptOpener
 from gateway.upstream.relay import Relayed, RelayPlan, relay, send_answer
 from routing.admission import AdmissionRejected
@@ -41,9 +52,8 @@ from routing.latency import queue_of
 if TYPE_CHECKING:  # the tier stage imports numpy: loaded only for policies with tiers
     from gateway.stages.tiers import TierChoice
 
-# Keys under which the orchestrator leaves labels for the metrics middleware.
-LABELS_KEY = web.RequestKey("llm_gateway.labels", tuple[str, str, str])
-STATUS_KEY = web.RequestKey("llm_gateway.status", int)
+__all__ = ["LABELS_KEY", "STATUS_KEY", "Orchestrator"]
+
 UNKNOWN_MODEL = "unknown"  # the model label of requests that never named a served model
 
 _OPERATION = {
@@ -60,6 +70,7 @@ class Orchestrator:
         self.metrics = metrics
         self.slo = slo
         self.opener = AttemptOpener(metrics)
+        self.limits = LimitStage(metrics.usage)
 
     async def handle(
         self, request: web.Request, rt: Runtime, endpoint: Endpoint
@@ -81,19 +92,22 @@ class Orchestrator:
         async with self.outcome(call) as done:
             targets = rt.targets(call.parsed.model, call.parsed.endpoint)  # unknown model: 404
             call.request[LABELS_KEY] = (call.parsed.model, "", "")
-            lookup = await self.look_up(call)  # exact, then semantic cache
-            if lookup.hit is not None:
-                return done(await self.serve_cached(call, lookup))
-            tier = await self.choose_tier(call)  # tiered aliases: small or large, or cascade
-            targets = tier.targets if tier is not None else targets
-            async with self.admitted(call, targets[0]):  # priority admission
-                if tier is not None and tier.cascade:
-                    served = await self.serve_cascade(call, tier, lookup)
-                else:
-                    served = await self.serve_direct(call, targets, tier, lookup)
-            self.record(call, served)  # latency per replica, the surface's SLO, the span
-            self.fill_cache(call, lookup, served)  # in the background, complete answers only
-            return done(served.relayed)
+            # The tenant's limits and budget (429 here); its usage and cost when this ends.
+            async with self.limits.limited(call, targets) as quota:
+                lookup = await self.look_up(call)  # exact, then semantic cache
+                if lookup.hit is not None:
+                    return done(await self.serve_cached(call, lookup, quota))
+                # Tiered aliases: small or large, or cascade (a spent budget's downgrade: neither)
+                tier = None if quota.downgraded else await self.choose_tier(call)
+                targets = tier.targets if tier is not None else quota.targets
+                async with self.admitted(call, targets[0]):  # priority admission
+                    if tier is not None and tier.cascade:
+                        served = await self.serve_cascade(call, tier, lookup, quota)
+                    else:
+                        served = await self.serve_direct(call, targets, tier, lookup, quota)
+                self.record(call, served, quota)  # latency per replica, the SLO, the span
+                self.fill_cache(call, lookup, served)  # in the background, complete answers only
+                return done(served.relayed)
 
     # --- 1. who, what, which surface ----------------------------------------------------------
 
@@ -113,6 +127,13 @@ class Orchestrator:
         started: float | None = None,
     ) -> Call:
         started = time.perf_counter() if started is None else started
+        # Limits and cost settle on real usage: a stream is asked to report it at its end, and
+        # the usage chunk is taken out again for a client that did not ask (a dialect's encoder
+        # reads it and re-tells the answer itself).
+        strip_usage = False
+        if parsed.stream and parsed.endpoint.generates and not asks_usage(parsed.body):
+            parsed = with_usage(parsed)
+            strip_usage = dialect is None
         plan = rt.surface_for(tenant, request.headers.get(rt.surface_header))
         span = rt.telemetry.start_request(
             operation=_OPERATION[parsed.endpoint],
@@ -145,6 +166,7 @@ class Orchestrator:
             query=UserQuery(rt.embedder, parsed.user_text),
             session_key=session if isinstance(session, str) else None,
             dialect=dialect,
+            strip_usage=strip_usage,
         )
 
     @asynccontextmanager
@@ -197,10 +219,11 @@ class Orchestrator:
             call.span.decision({"cache": hit.kind, "cache.similarity": hit.similarity})
         return lookup
 
-    async def serve_cached(self, call: Call, lookup: Lookup) -> Relayed:
+    async def serve_cached(self, call: Call, lookup: Lookup, quota: Quota) -> Relayed:
         assert lookup.hit is not None  # the caller's branch
         self.slo.observe(call.plan.name, RequestTiming(_ms_since(call.started)))
-        plan = self.relay_plan(call, cache_headers(lookup.hit), Watch(), None)
+        quota.cache_hit = True  # no upstream tokens, no cost
+        plan = self.relay_plan(call, cache_headers(lookup.hit), Watch(), None, quota)
         return await send_answer(call.request, replayed(lookup.hit), plan)
 
     # --- 3. tier ---------------------------------------------------------------------------
@@ -261,7 +284,12 @@ class Orchestrator:
     # --- 5. upstream and relay ---------------------------------------------------------------
 
     async def serve_direct(
-        self, call: Call, targets: list[Destination], tier: TierChoice | None, lookup: Lookup
+        self,
+        call: Call,
+        targets: list[Destination],
+        tier: TierChoice | None,
+        lookup: Lookup,
+        quota: Quota,
     ) -> Served:
         """Choose a replica, open the upstream (retries, fallbacks, hedging), relay the answer."""
         attempt = await self.opener.open(call, targets)
@@ -272,10 +300,12 @@ class Orchestrator:
             **(tier.headers() if tier else {}),
             **cache_state(lookup),
         }
-        plan = self.relay_plan(call, headers, watch, attempt)
+        plan = self.relay_plan(call, headers, watch, attempt, quota)
         return Served(await relay(call.request, attempt, plan), watch)
 
-    async def serve_cascade(self, call: Call, tier: TierChoice, lookup: Lookup) -> Served:
+    async def serve_cascade(
+        self, call: Call, tier: TierChoice, lookup: Lookup, quota: Quota
+    ) -> Served:
         """The small tier first, held to the commit point, then kept or escalated."""
         tiers = call.rt.tiers
         assert tiers is not None  # choose_tier returned a choice only with the stage loaded
@@ -292,6 +322,8 @@ class Orchestrator:
         )
         attempt = out.attempt
         _label(call, attempt)
+        if out.discarded is not None:  # the small answer was paid for, then escalated
+            quota.spent.append((out.discarded, tier.targets[0].price))
         watch = Watch.of(call, lookup)
         headers = {
             **_attempt_headers(attempt),
@@ -299,21 +331,35 @@ class Orchestrator:
             **out.headers,
             **cache_state(lookup),
         }
-        plan = self.relay_plan(call, headers, watch, attempt)
+        plan = self.relay_plan(call, headers, watch, attempt, quota)
         if out.held is not None:
             return Served(await send_answer(call.request, out.held, plan, attempt), watch)
         return Served(await relay(call.request, attempt, plan), watch)
 
     def relay_plan(
-        self, call: Call, headers: dict[str, str], watch: Watch, attempt: Attempt | None
+        self,
+        call: Call,
+        headers: dict[str, str],
+        watch: Watch,
+        attempt: Attempt | None,
+        quota: Quota,
     ) -> RelayPlan:
-        """How this request's answer goes back: the deadline and who watches the bytes."""
+        """How this request's answer goes back: the deadline, who watches the bytes, what is
+        metered (the usage chunk, taken out of the stream when the client did not ask)."""
         parsed = call.parsed
         headers = {
             **headers,
+            **quota.headers(),
             "x-gateway-surface": call.plan.name,
             "x-request-id": call.request[REQUEST_ID],  # never the upstream's, streams included
         }
+        watchers = watch.feeders()
+        if attempt is not None:
+            quota.price = attempt.target.price
+            if parsed.stream:
+                quota.tap = UsageTap(strip=call.strip_usage)
+                if not call.strip_usage:
+                    watchers = (*watchers, quota.tap.watch)
         on_gap = None
         if attempt is not None and parsed.stream:
             pool, replica = attempt.target.pool.name, attempt.decision.replica.name
@@ -324,15 +370,17 @@ class Orchestrator:
             include_usage=call.include_usage,
             deadline=call.deadline,
             headers=headers,
-            watchers=watch.feeders(),
+            watchers=watchers,
             on_gap=on_gap,
             max_response_bytes=call.rt.policy.server.max_response_bytes,
             client=call.dialect,
+            filter=quota.tap if call.strip_usage else None,
+            on_answer=quota.on_answer,
         )
 
     # --- 6. after the answer -----------------------------------------------------------------
 
-    def record(self, call: Call, served: Served) -> None:
+    def record(self, call: Call, served: Served, quota: Quota) -> None:
         """Latency per replica, the surface's SLO and budget breaches, the span's response."""
         result, attempt = served.relayed.result, served.relayed.attempt
         assert attempt is not None  # live or held answers come from an attempt
@@ -353,7 +401,7 @@ class Orchestrator:
         if itl_ms is not None:
             call.rt.latency.observe_itl(key, itl_ms)
         if result.body is not None:
-            _span_response(span, summarize_body(result.body), key)
+            _span_response(span, quota.answer or summarize_body(result.body), key)
         elif served.watch.summary is not None:
             _span_response(span, served.watch.summary.summary, key)
         if result.deadline_hit:

@@ -17,9 +17,14 @@ from typing import TYPE_CHECKING
 
 from gateway.conversations import ResponseStore, open_store
 from gateway.errors import NotFound, Unauthorized
+from gateway.limits.config import LimitRules, price_of
+from gateway.limits.cost import Price
+from gateway.limits.limiter import Limiter
+from gateway.limits.memory import MemoryStore
 from gateway.observability.tracing import Telemetry
 from gateway.protocol.openai import Endpoint
 from gateway.upstream.providers import Provider, build_provider
+from policies import models as policy_models
 from policies.backends import AnthropicBackend, TimeoutConfig
 from policies.loader import PolicySource
 from policies.models import ModelTarget, TieredModelConfig
@@ -46,6 +51,7 @@ class Destination:
     upstream_model: str
     timeouts: TimeoutConfig
     provider: Provider | None = None  # None: the backend speaks OpenAI's API itself
+    price: Price | None = None  # None: not priced (costs nothing against budgets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +87,8 @@ class Resources:
     owns_telemetry: bool  # False: a caller's (tests), never shut down here
     # Stored Responses API responses (in memory, or in the shared Redis).
     responses: ResponseStore = field(default_factory=lambda: open_store(None))
+    # Tenant limits, budgets and usage (in memory, or shared in Redis).
+    limiter: Limiter = field(default_factory=lambda: Limiter(MemoryStore()))
 
 
 class Runtime:
@@ -100,6 +108,8 @@ class Runtime:
         self.cache = resources.cache
         self.responses = resources.responses
         self.telemetry = resources.telemetry
+        self.limiter = resources.limiter
+        self.limits = LimitRules(policy)
         self.resources = resources
         self.tiers = tiers
         self.latency = latency if latency is not None else ReplicaLatency()
@@ -108,6 +118,7 @@ class Runtime:
             provider = build_provider(name, backend)
             if provider is not None:
                 self.providers[name] = provider
+        self._prices: dict[policy_models.Price, Price | None] = {}
         self.max_body_bytes = policy.server.max_body_bytes
         self.surface_header = policy.server.surface_header
         self.retry_after = str(policy.server.retry_after_s)
@@ -191,10 +202,12 @@ class Runtime:
             return self.tier_targets(alias, route.small)
         if route is not None:
             primary = self.pools[route.backend]
-            targets = [self._target(primary, route.model or _default_upstream(alias, primary))]
+            upstream = route.model or _default_upstream(alias, primary)
+            targets = [self._target(primary, upstream, route.price)]
             for fb in route.fallbacks:
                 pool = self.pools[fb.backend]
-                targets.append(self._target(pool, fb.model or _default_upstream(alias, pool)))
+                upstream = fb.model or _default_upstream(alias, pool)
+                targets.append(self._target(pool, upstream, fb.price or route.price))
             return targets
         for pool in self.pools.values():
             if alias in pool.models:
@@ -207,11 +220,18 @@ class Runtime:
 
     def tier_targets(self, alias: str, tier: ModelTarget) -> list[Destination]:
         pool = self.pools[tier.backend]
-        return [self._target(pool, tier.model or _default_upstream(alias, pool))]
+        entry = self.policy.models.get(alias)
+        price = tier.price or (entry.price if entry is not None else None)
+        return [self._target(pool, tier.model or _default_upstream(alias, pool), price)]
 
-    def _target(self, pool: BackendPool, upstream_model: str) -> Destination:
+    def _target(
+        self, pool: BackendPool, upstream_model: str, price: policy_models.Price | None = None
+    ) -> Destination:
         timeouts = self.policy.backends[pool.name].timeouts
-        return Destination(pool, upstream_model, timeouts, self.providers.get(pool.name))
+        priced = self._prices.get(price) if price is not None else None
+        if price is not None and priced is None:
+            priced = self._prices[price] = price_of(price)
+        return Destination(pool, upstream_model, timeouts, self.providers.get(pool.name), priced)
 
     def model_names(self) -> list[str]:
         names = list(self.policy.models)

@@ -8,6 +8,7 @@ backends:
     health: {active: true, interval_s: 5, timeout_s: 2, eject_after: 3, cooldown_s: 10}
     timeouts: {connect_s: 3, first_byte_s: 120, idle_s: 120, total_s: 900}
     max_connections: 1000          # open connections per replica
+    rate_limit_wait_s: 2           # wait for the provider's rate limit reset, then fall back
     routing: {strategy: least_loaded}   # policies/routing.py
   openai: {kind: openai, base_url: https://api.openai.com/v1, api_key_env: OPENAI_API_KEY}
   claude: {kind: anthropic, api_key_env: ANTHROPIC_API_KEY}
@@ -59,6 +60,9 @@ class TimeoutConfig(Strict):
 class _BackendBase(Strict):
     timeouts: TimeoutConfig = TimeoutConfig()
     max_connections: int = Field(1000, ge=1)  # open connections per replica (host:port)
+    # When the backend's x-ratelimit-* headers say its budget is spent, a request waits up to
+    # this long for the reset before it goes to the next target (0: go at once).
+    rate_limit_wait_s: float = Field(2.0, ge=0, le=300)
 
 
 # How POST /v1/responses reaches a backend: translated onto chat completions (every stage

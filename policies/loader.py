@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from policies.backends import AnthropicBackend, OpenAIBackend
-from policies.models import TieredModelConfig
+from policies.models import ModelRoute, TieredModelConfig
 from policies.schema import Policy
 from policies.surfaces import action_errors
 from policies.yamlsource import MAX_POLICY_CHARS, KeyPath, SourceDoc, parse_yaml
@@ -231,6 +231,7 @@ def cross_check(
             seen_keys[digest] = tenant
         if not spec.api_keys and not spec.api_key_sha256:
             problems.append((("tenants", tenant), "a tenant needs api_keys or api_key_sha256"))
+    problems += _budget_problems(policy)
     headers: dict[str, str] = {}
     for name, surface in policy.surfaces.items():
         base: KeyPath = ("surfaces", name)
@@ -263,3 +264,30 @@ def cross_check(
                     )
                 )
     return problems
+
+
+def _budget_problems(policy: Policy) -> list[tuple[KeyPath, str]]:
+    """A budget can be spent only on priced models, and downgrades to a model that exists."""
+    problems: list[tuple[KeyPath, str]] = []
+    priced = any(_has_price(entry) for entry in policy.models.values())
+    for tenant, spec in policy.tenants.items():
+        budget = spec.budget
+        if budget is None:
+            continue
+        path: KeyPath = ("tenants", tenant, "budget")
+        if not priced:
+            problems.append(
+                (path, "no model has a price (models.<alias>.price): nothing spends it")
+            )
+        if budget.downgrade_to is not None and budget.downgrade_to not in policy.models:
+            problems.append(
+                ((*path, "downgrade_to"), f"no model alias named {budget.downgrade_to!r}")
+            )
+    return problems
+
+
+def _has_price(entry: ModelRoute | TieredModelConfig) -> bool:
+    if entry.price is not None:
+        return True
+    targets = entry.tiers if isinstance(entry, TieredModelConfig) else entry.fallbacks
+    return any(t.price is not None for t in targets)

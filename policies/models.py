@@ -5,8 +5,14 @@ models:
   smart:
     backend: pool
     model: meta-llama/Llama-3.1-70B-Instruct   # the name sent upstream
-    fallbacks: [{backend: openai, model: gpt-4o}]   # tried in order; a bare name also works
+    price: {input_per_mtok: 0.15, output_per_mtok: 0.60, cached_input_per_mtok: 0.075}
+    fallbacks: [{backend: openai, model: gpt-4o,  # tried in order; a bare name also works
+                 price: {input_per_mtok: 2.5, output_per_mtok: 10}}]
 ```
+
+``price`` is in USD per million tokens, at most six decimals; a fallback or a tier without its
+own price costs what its alias's ``price`` says. A model without a price costs nothing against
+budgets (its tokens are still counted).
 
 A tiered alias:
 
@@ -28,6 +34,7 @@ threshold for your own labelled traffic, to put in ``threshold``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import Discriminator, Field, PositiveInt, Tag, model_validator
@@ -49,11 +56,20 @@ class CalibrationTarget:
         return f"{self.kind}={self.value:g}"
 
 
+class Price(Strict):
+    """USD per million tokens; cached input defaults to the input price."""
+
+    input_per_mtok: Decimal = Field(ge=0, le=Decimal(10**6), decimal_places=6)
+    output_per_mtok: Decimal = Field(ge=0, le=Decimal(10**6), decimal_places=6)
+    cached_input_per_mtok: Decimal | None = Field(None, ge=0, le=Decimal(10**6), decimal_places=6)
+
+
 class ModelTarget(Strict):
     """A backend and the model name sent to it (default: the public alias)."""
 
     backend: str = Field(min_length=1)
     model: str | None = None
+    price: Price | None = None  # default: the alias's price
 
     @model_validator(mode="before")
     @classmethod
@@ -65,6 +81,7 @@ class ModelRoute(Strict):
     backend: str
     model: str | None = None  # upstream model name; default: the alias (or the only one served)
     fallbacks: list[ModelTarget] = []
+    price: Price | None = None
 
 
 class CommitPoint(Strict):
@@ -83,7 +100,8 @@ class _Calibrated(Protocol):
 
 
 class TieredModelConfig(Strict):
-    tiers: tuple[ModelTarget, ModelTarget]  # (small, large)
+    tiers: tuple[ModelTarget, ModelTarget]  # (small, large); each may carry its own price
+    price: Price | None = None  # of a tier without its own
     mode: Literal["route", "cascade"] = "route"
     threshold: float | None = Field(None, ge=-1.0, le=1.0)  # scores are gains in [-1, 1]
     max_large_fraction: float | None = Field(None, ge=0.0, le=1.0)

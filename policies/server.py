@@ -30,6 +30,9 @@ telemetry:
   record_content: false           # prompt and completion text in spans: only if true
 shared_state:
   redis_url: ${REDIS_URL:-}       # empty: in-process state, one instance
+  timeout_ms: 500                 # a limit check slower than this counts as Redis unavailable
+  limits_failure_mode: open       # Redis unavailable: open (admit unlimited) | closed (503)
+  lease_ttl_s: 30                 # a crashed instance's max_concurrent slots come back after this
 responses_store:                  # stored Responses API responses (previous_response_id)
   ttl_s: 2592000                  # 30 days
   max_entries: 10000              # per tenant, the oldest go first
@@ -148,8 +151,14 @@ class ResponsesStoreConfig(Strict):
 
 
 class SharedStateConfig(Strict):
-    """State shared by every gateway instance; the cache uses it unless ``cache_store`` says."""
+    """State shared by every gateway instance: tenant limits, budgets and usage; the cache uses
+    it unless ``cache_store`` says otherwise."""
 
     redis_url: str | None = None
+    # Above the event loop's lag under load: a loop too busy to read Redis's answer in time
+    # would otherwise read as Redis being down (and the limits would fail open or closed).
+    timeout_ms: float = Field(500.0, gt=0, le=60_000)
+    limits_failure_mode: Literal["open", "closed"] = "open"
+    lease_ttl_s: float = Field(30.0, ge=1, le=3600)
 
     _url = field_validator("redis_url")(classmethod(lambda cls, v: redis_url(v)))

@@ -9,6 +9,7 @@ surfaces:
     actions: {admission: true, budget_routing: true, cap_output: false, deadline: true,
               hedge: {enabled: true, delay_ms: auto, max_fraction: 0.1}}
     cache: {exact: true}          # policies/cache.py
+    limits: {requests_per_minute: 100}   # per tenant on this surface (policies/tenants.py)
 ```
 """
 
@@ -20,6 +21,7 @@ from pydantic import Field, field_validator
 
 from policies.cache import CachePolicy
 from policies.strict import Strict
+from policies.tenants import RateLimits
 
 Priority = Literal["interactive", "standard", "background"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "standard", "background")
@@ -75,12 +77,20 @@ class SurfaceMatch(Strict):
     tenants: list[str] = []
 
 
+class SurfaceLimits(RateLimits):
+    """Limits per tenant on the surface, and what a request reserves against tokens_per_minute
+    when it gives no max_tokens: its prompt's estimate plus ``expected_output_tokens``."""
+
+    expected_output_tokens: int = Field(256, ge=1, le=10_000_000)
+
+
 class Surface(Strict):
     match: SurfaceMatch = SurfaceMatch()
     budget: Budget = Budget()
     priority: Priority = "standard"
     actions: SurfaceActions = SurfaceActions()
     cache: CachePolicy | None = None  # exact and semantic caching of this surface's answers
+    limits: SurfaceLimits | None = None
 
 
 def action_errors(actions: SurfaceActions, budget: Budget) -> list[str]:

@@ -90,10 +90,11 @@ async def make_gateway(tmp_path: object) -> AsyncIterator[GatewayFactory]:
         telemetry: Telemetry | None = None,
         handler_cancellation: bool = True,  # False: aiohttp's default (web.run_app, gunicorn)
         policy_path: Path | None = None,  # the file POST /admin/reload reads again
+        clock: Callable[[], float] | None = None,  # the limits' time (default: the store's)
     ) -> RunningGateway:
         file = str(policy_path) if policy_path is not None else "test-policy.yaml"
         policy, source = parse_policy_source(policy_yaml, file)
-        app = create_app(policy, source, policy_path, telemetry=telemetry)
+        app = create_app(policy, source, policy_path, telemetry=telemetry, clock=clock)
         runner = make_runner(app, access_log=None, handler_cancellation=handler_cancellation)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

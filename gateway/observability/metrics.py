@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.observability.usage_metrics import UsageMetrics
 from routing.replica import Replica
 
 LATENCY_BUCKETS = (
@@ -109,6 +110,7 @@ class GatewayMetrics:
             ["model", "mode", "outcome"],
             registry=self.registry,
         )
+        self.usage = UsageMetrics(self.registry)  # tenants' tokens, cost, limits
         self.registry.register(_ReplicaCollector(replicas))
         self._children: dict[tuple[str, ...], Any] = {}
 

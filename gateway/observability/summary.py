@@ -25,6 +25,7 @@ class ResponseSummary:
     response_id: str | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
+    usage: dict[str, Any] | None = None  # the answer's usage object, as the upstream sent it
     finish_reasons: list[str] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
 
@@ -37,6 +38,7 @@ class ResponseSummary:
             self.response_id = obj["id"]
         usage = obj.get("usage")
         if isinstance(usage, dict):
+            self.usage = usage
             if isinstance(usage.get("prompt_tokens"), int):
                 self.input_tokens = usage["prompt_tokens"]
             if isinstance(usage.get("completion_tokens"), int):

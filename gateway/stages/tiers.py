@@ -33,6 +33,7 @@ from typing import Any
 
 from gateway.call import Call
 from gateway.errors import GatewayError, Unavailable
+from gateway.limits.cost import Usage
 from gateway.protocol.openai import Endpoint, ParsedRequest
 from gateway.protocol.sse import DONE, EventSplitter, payloads
 from gateway.runtime import Destination
@@ -72,6 +73,7 @@ class Cascaded:
     held: bytes | None
     verdict: CascadeVerdict
     headers: dict[str, str]
+    discarded: Usage | None = None  # an escalated small answer's usage: paid for, not served
 
 
 class TierStage:
@@ -105,10 +107,11 @@ class TierStage:
         verifier = self.verifiers[config.artifact]
         whole = config.commit_point.whole or not parsed.stream
         body: bytes | None = None
+        paid: Usage | None = None  # the small answer's usage, when it is read whole
         if whole:
             small = await opener.open(replace(call, parsed=_non_streaming(parsed)), choice.targets)
             body = await _read_all(small, call.deadline, call.rt.policy.server.max_response_bytes)
-            answer = _answer_of(body, parsed.endpoint)
+            answer, paid = _answer_of(body, parsed.endpoint)
         else:
             small = await opener.open(call, choice.targets)
             answer = await _hold(small, int(config.commit_point.tokens), parsed.endpoint, call)
@@ -136,7 +139,7 @@ class TierStage:
             "x-gateway-tier": "large",
             "x-gateway-escalation-ms": f"{(time.perf_counter() - started) * 1000:.1f}",
         }
-        return Cascaded(large, None, verdict, headers)
+        return Cascaded(large, None, verdict, headers, paid)
 
 
 def _past(deadline: float | None) -> bool:
@@ -169,17 +172,18 @@ async def _read_all(attempt: Attempt, deadline: float | None, max_bytes: int) ->
     return body
 
 
-def _answer_of(body: bytes, endpoint: Endpoint) -> SmallAnswer:
+def _answer_of(body: bytes, endpoint: Endpoint) -> tuple[SmallAnswer, Usage | None]:
     try:
         data = json.loads(body)
         choice = data["choices"][0]
     except (ValueError, KeyError, IndexError, TypeError):
-        return SmallAnswer("", finish_reason="error")
+        return SmallAnswer("", finish_reason="error"), None
     if endpoint is Endpoint.CHAT:
         text = (choice.get("message") or {}).get("content") or ""
     else:
         text = choice.get("text") or ""
-    return SmallAnswer(text, _logprobs(choice), choice.get("finish_reason"))
+    usage = Usage.read(data.get("usage"))
+    return SmallAnswer(text, _logprobs(choice), choice.get("finish_reason")), usage
 
 
 def _logprobs(choice: dict[str, Any]) -> list[float] | None:

@@ -10,6 +10,13 @@ its elapsed time is recorded as a lower bound of that replica's TTFT). A failure
 first byte (connect error, 5xx) moves on to another replica once, then to the next target.
 Time-outs end the request (504): retrying would double the wait.
 
+Providers' rate limits (``gateway.upstream.ratelimits``): a 429 moves on to the next target
+at once (the backend's replicas share its key's limits) and never counts against the replica's
+health; the last target's 429 is relayed as the provider sent it (translated for Anthropic). A
+replica whose last answer said its budget is spent is waited for (up to the backend's
+``rate_limit_wait_s`` and the deadline; recorded apart from model latency) or skipped; when
+every target was skipped the client gets a 429 with ``Retry-After``.
+
 An ``Attempt`` holds the replica's load guard and the attempt's span until ``finish`` (the
 relay calls it once the answer is sent, whatever its end) or ``discard`` (a losing hedge, an
 escalated cascade's small answer).
@@ -26,12 +33,16 @@ from dataclasses import dataclass
 import aiohttp
 
 from gateway.call import Call
-from gateway.errors import Unavailable, UpstreamError, UpstreamTimeout
+from gateway.errors import RateLimited, Unavailable, UpstreamError, UpstreamTimeout
+from gateway.limits.estimate import reserve_tokens
+from gateway.limits.headers import retry_headers
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.tracing import AttemptSpan
+from gateway.protocol.openai import Endpoint
 from gateway.runtime import Destination
 from gateway.upstream.client import AttemptFailed, UpstreamRequest, UpstreamResponse, open_upstream
 from gateway.upstream.race import race_first_chunk
+from gateway.upstream.ratelimits import UpstreamLimits, retry_after_s
 from policies.backends import TimeoutConfig
 from routing.admission import VLLM_PRIORITY
 from routing.latency import choose_for_budget
@@ -84,9 +95,11 @@ class Attempt:
 class AttemptOpener:
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
+        self.limits = UpstreamLimits()  # what each provider said of its rate limits
 
     async def open(self, call: Call, targets: list[Destination]) -> Attempt:
         failures: list[AttemptFailed] = []
+        limited_s: list[float] = []  # a rate-limited target: when it says to come back
         for target in targets:
             pool = target.pool
             routing = RoutingRequest(
@@ -103,8 +116,12 @@ class AttemptOpener:
                 if decision is None:
                     break
                 tried.add(decision.replica.base_url)
+                wait = await self._pace(call, target, decision.replica)
+                if wait is not None:
+                    limited_s.append(wait)
+                    break  # its provider's limit is spent for longer than we may wait
                 try:
-                    return await self._attempt(
+                    attempt = await self._attempt(
                         call, target, decision, routing, candidates, turn, tried
                     )
                 except AttemptFailed as exc:
@@ -120,6 +137,21 @@ class AttemptOpener:
                     if not exc.retryable:
                         raise UpstreamTimeout(exc.public, code="upstream_timeout") from exc
                     failures.append(exc)
+                    continue
+                if attempt.response.status != 429:
+                    return attempt
+                self.metrics.usage.upstream_limited.labels(pool.name).inc()
+                if target is targets[-1]:
+                    return attempt  # nowhere else to go: the provider's 429 is relayed
+                limited_s.append(retry_after_s(attempt.response.headers) or 1.0)
+                await attempt.discard()
+                break  # the same key's limits bind every replica of the backend
+        if limited_s and not failures:
+            raise RateLimited(
+                f"every upstream of model '{call.parsed.model}' is rate limited",
+                code="rate_limit_exceeded",
+                headers=retry_headers(int(min(limited_s) * 1000)),
+            )
         if not failures:
             raise Unavailable(
                 f"no healthy replica can serve model '{call.parsed.model}'",
@@ -129,6 +161,22 @@ class AttemptOpener:
         raise UpstreamError(
             f"{failures[-1].public} ({len(failures)} attempt(s))", code="bad_gateway"
         )
+
+    async def _pace(self, call: Call, target: Destination, replica: Replica) -> float | None:
+        """Wait for the provider's rate limit to reset, when it is near; None: sent (or no
+        need); a number: the seconds it asks, longer than this request may wait."""
+        wait = self.limits.wait_s(replica.base_url, lambda: _tokens(call))
+        if wait <= 0:
+            return None
+        allowed = call.rt.policy.backends[target.pool.name].rate_limit_wait_s
+        if call.deadline is not None:
+            allowed = min(allowed, call.deadline - time.perf_counter())
+        if wait > allowed:
+            return wait
+        await asyncio.sleep(wait)
+        self.metrics.usage.upstream_wait.labels(target.pool.name).observe(wait)
+        call.span.decision({"upstream.rate_limit_wait_ms": round(wait * 1000, 2)})
+        return None
 
     def _choose(
         self,
@@ -246,6 +294,7 @@ class AttemptOpener:
             response = await open_upstream(
                 pool.session, replica, UpstreamRequest(path, body, headers), timeouts, first_byte_s
             )
+            self.limits.observe(replica.base_url, response.headers, response.status)
             if provider is not None:
                 response = provider.wrap(response, call.parsed)
             attempt = Attempt(target, decision, response, guard, span, timeouts, opened_at)
@@ -269,7 +318,11 @@ class AttemptOpener:
             guard.release()
             span.end("cancelled")
             raise
-        self.metrics.attempt(pool.name, replica.name, "ok" if response.status < 400 else "http_4xx")
+        outcome = "ok" if response.status < 400 else "http_4xx"
+        self.metrics.attempt(
+            pool.name, replica.name, "http_429" if response.status == 429 else outcome
+        )
+        # A 4xx, a 429 included, is the request's or the account's, never the replica's failure.
         replica.record_success(target.upstream_model)
         return attempt
 
@@ -307,3 +360,10 @@ async def _first_chunk(response: UpstreamResponse, replica: Replica, limit_s: fl
     if not data:
         raise AttemptFailed("connect_error", f"{replica.name} ended the stream at once", True)
     return data
+
+
+def _tokens(call: Call) -> int:
+    """What the request may use of a provider's token budget (its reservation's estimate)."""
+    expected = call.rt.limits.expected_output(call.plan.name)
+    generates = call.parsed.endpoint is not Endpoint.EMBEDDINGS
+    return reserve_tokens(call.parsed.body, expected, generates)

@@ -37,6 +37,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 from aiohttp import web
@@ -66,6 +67,14 @@ _HOP_BY_HOP = {
 Watcher = Callable[[bytes], None]
 
 
+class StreamFilter(Protocol):
+    """Rewrites a stream on its way out (``gateway.protocol.usage.UsageTap``)."""
+
+    def feed(self, data: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
 @dataclass(frozen=True, slots=True)
 class RelayPlan:
     """How answers go back for one request (built once by the orchestrator)."""
@@ -75,10 +84,14 @@ class RelayPlan:
     include_usage: bool
     deadline: float | None  # perf_counter of the surface's deadline (graceful stop)
     headers: dict[str, str]  # added to the response
-    watchers: Sequence[Watcher] = ()  # fed every chunk of a stream as it is sent
+    watchers: Sequence[Watcher] = ()  # fed every chunk of a stream as it arrives
     on_gap: Callable[[float], None] | None = None  # seconds between consecutive stream reads
     max_response_bytes: int = 64 * 1024 * 1024  # a non-streamed answer past this is a 502
     client: ClientDialect | None = None  # None: the client speaks the upstream's API
+    filter: StreamFilter | None = None  # what the client gets of each chunk of a live stream
+    # A whole answer (JSON, or a finished answer rendered as SSE), before its headers are sent:
+    # returns headers to add (its cost).
+    on_answer: Callable[[bytes, Attempt | None], Mapping[str, str]] | None = None
 
 
 @dataclass(slots=True)
@@ -104,8 +117,17 @@ class Relayed:
     attempt: Attempt | None  # None for a cache hit
 
 
+# A provider's rate limit headers describe the gateway's account, not the client's: never
+# relayed (a limited tenant gets its own, from the gateway's limiter).
+_PROVIDER_LIMITS = ("x-ratelimit-", "anthropic-ratelimit-")
+
+
 def response_headers(upstream: UpstreamResponse, extra: dict[str, str]) -> dict[str, str]:
-    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
+    headers = {
+        k: v
+        for k, v in upstream.headers.items()
+        if k.lower() not in _HOP_BY_HOP and not k.lower().startswith(_PROVIDER_LIMITS)
+    }
     headers.pop("Server", None)
     headers.pop("Date", None)
     headers.update(extra)
@@ -133,16 +155,19 @@ async def send_answer(
     if attempt is not None:
         attempt.finish(True)
     client = plan.client
+    headers = plan.headers
+    if plan.on_answer is not None:
+        headers = {**headers, **plan.on_answer(answer, attempt)}
     if not plan.stream:
         status, body = (200, answer) if client is None else client.render(200, answer)
         if client is not None:
             await client.ended()
         response = web.Response(
-            status=status, body=body, content_type="application/json", headers=plan.headers
+            status=status, body=body, content_type="application/json", headers=headers
         )
         return Relayed(response, RelayResult(200, body=answer, live=False), attempt)
     resp = web.StreamResponse(
-        headers={**plan.headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await resp.prepare(request)
     first_at = time.perf_counter()
@@ -199,11 +224,14 @@ async def _relay_body(attempt: Attempt, plan: RelayPlan) -> tuple[web.Response, 
         raise UpstreamError(
             "the upstream answered 200 with a body that is not a JSON answer", code="bad_gateway"
         )
+    headers = plan.headers
+    if plan.on_answer is not None and upstream.status < 400:
+        headers = {**headers, **plan.on_answer(body, attempt)}
     status, out = upstream.status, body
     if plan.client is not None:
         status, out = plan.client.render(status, body)
         await plan.client.ended()
-    resp = web.Response(status=status, body=out, headers=response_headers(upstream, plan.headers))
+    resp = web.Response(status=status, body=out, headers=response_headers(upstream, headers))
     return resp, RelayResult(upstream.status, body=body)
 
 
@@ -254,7 +282,10 @@ async def _relay_stream(
         result.reads += 1
         for watch in plan.watchers:
             watch(data)
-        await out.write(data)
+        if plan.filter is not None:
+            data = plan.filter.feed(data)
+        if data:
+            await out.write(data)
 
     limit, ours = _limit(attempt, plan)
     try:
@@ -279,6 +310,8 @@ async def _relay_stream(
             )  # fmt: skip
             return resp, result
         finished = True
+        if plan.filter is not None and (rest := plan.filter.flush()):
+            await out.write(rest)
         if out.failed:
             result.status = 502  # the upstream told of its failure, and the client read it
         elif not out.complete:

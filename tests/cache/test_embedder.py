@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +17,10 @@ from cache.embedder import Embedder, SentenceTransformerEmbedder
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> SentenceTransformerEmbedder:
-    return SentenceTransformerEmbedder(batch_window_s=0.005)
+async def model() -> AsyncIterator[SentenceTransformerEmbedder]:
+    embedder = SentenceTransformerEmbedder(batch_window_s=0.005)
+    yield embedder
+    await embedder.aclose()  # its batching task must not outlive the tests that used it
 
 
 async def test_vectors_are_unit_rows_and_meaningful(model: SentenceTransformerEmbedder) -> None:

@@ -92,6 +92,16 @@ def test_the_core_install_checks_a_policy_and_names_a_missing_extra(
     assert "pip install 'llm-gateway[cache]'" in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if "llm-gateway[cache]" in line]
     assert len(lines) == 1
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(
+        "backends:\n  up: {kind: vllm, replicas: ['http://127.0.0.1:9/v1']}\n"
+        "shared_state: {redis_url: 'redis://127.0.0.1:6379/0'}\n"
+    )
+    proc = run(core_venv, "check", str(shared))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"{shared}:3: shared_state.redis_url: shared state (limits" in proc.stderr
+    assert "needs the module 'redis'" in proc.stderr
+    assert "pip install 'llm-gateway[shared]'" in proc.stderr
 
 
 async def test_the_core_install_serves_a_request(

@@ -1,0 +1,212 @@
+"""Settlements: what a finished request writes, written once even when the store falters.
+
+One settlement per request: its token reconciliation, its lease release and its usage in the
+tenant's day, week and month records, as one store call carrying an id (the store runs an id
+at most once). Budget alerts are decided on the store's answer (``gateway.limits.usage``).
+
+When the store is unavailable, nothing a tenant spent is lost and nothing is counted twice:
+
+* a call that certainly did not run (refused connection, back-off) leaves its usage merged
+  into ``pending``, one entry per tenant record (so bounded by tenants x windows);
+* a call that may have run (its answer was lost) is kept whole, id included, in ``uncertain``
+  (at most ``MAX_UNCERTAIN``; past that its usage is merged into ``pending`` and counted in
+  ``uncertain_merged``, since it may then be counted twice);
+
+and both are written by the next successful settlement, or by ``flush`` (the limiter calls it
+every few seconds). Token adjustments and lease releases are not kept: the buckets drain and
+the leases expire on their own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.limits.rules import Keys, Subject
+from gateway.limits.store import (
+    SPEND,
+    BucketAdjust,
+    LimitStore,
+    SettleRequest,
+    StoreUnavailable,
+    UsageAdd,
+)
+from gateway.limits.usage import BudgetAlert, UsageRecord, crossed
+from gateway.limits.windows import WINDOW_KINDS, Window, window_of
+
+log = logging.getLogger("llm_gateway.limits")
+
+MAX_PENDING_RECORDS = 10_000
+MAX_UNCERTAIN = 1_000
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One usage addition and what its alerts need to know."""
+
+    add: UsageAdd
+    subject: Subject
+    window: Window
+
+
+class Ledger:
+    def __init__(
+        self,
+        store: LimitStore,
+        keys: Keys,
+        now_s: Callable[[], float],
+        now_ms: Callable[[], int | None],
+        id_prefix: str,
+        on_alert: Callable[[BudgetAlert], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.keys = keys
+        self._now_s = now_s
+        self._now_ms = now_ms
+        self._id_prefix = id_prefix
+        self._ids = itertools.count()
+        self.on_alert = on_alert
+        self._pending: dict[str, dict[str, _Entry]] = {}  # tenant -> record key -> entry
+        self._pending_count = 0
+        self._uncertain: list[tuple[SettleRequest, list[_Entry]]] = []
+        self._flushing = False
+        self.lost_records = 0
+        self.uncertain_merged = 0
+        self.alerts_fired = 0
+        self.alert_counts: dict[tuple[str, str, str], int] = {}  # (tenant, window, fraction)
+        self.on_success: Callable[[], None] = lambda: None
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._pending or self._uncertain)
+
+    @property
+    def uncertain(self) -> int:
+        """Settlements kept whole because their answer was lost (they may have run)."""
+        return len(self._uncertain)
+
+    async def settle(
+        self,
+        subject: Subject,
+        adjusts: tuple[BucketAdjust, ...],
+        slots: tuple[str, ...],
+        lease_id: str,
+        record: UsageRecord | None,
+    ) -> None:
+        entries: list[_Entry] = []
+        if record is not None:
+            now = self._now_s()
+            for kind in WINDOW_KINDS:
+                window = window_of(kind, now)
+                key = self.keys.record(subject.tenant, window)
+                entries.append(
+                    _Entry(UsageAdd(key, window.keep_s(now), record.fields()), subject, window)
+                )
+        if adjusts or slots or entries:
+            req = self._request(subject.tenant, adjusts, slots, lease_id, entries)
+            if not await self._send(req, entries):
+                return
+        if self.waiting:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write what earlier settlements could not; stop at the first failure."""
+        if self._flushing:
+            return  # another task is at it: one writer keeps the order and the ids
+        self._flushing = True
+        try:
+            await self._flush()
+        finally:
+            self._flushing = False
+
+    async def _flush(self) -> None:
+        while self._uncertain:
+            req, entries = self._uncertain[0]
+            try:
+                spends = await self.store.settle(req)
+            except StoreUnavailable:
+                return
+            self._uncertain.pop(0)
+            self._answered(entries, spends)
+        for tenant in list(self._pending):
+            entries = list(self._pending.pop(tenant).values())
+            self._pending_count -= len(entries)
+            if not await self._send(self._request(tenant, (), (), "", entries), entries):
+                return
+
+    def _request(
+        self,
+        tenant: str,
+        adjusts: tuple[BucketAdjust, ...],
+        slots: tuple[str, ...],
+        lease_id: str,
+        entries: list[_Entry],
+    ) -> SettleRequest:
+        sid = f"{self._id_prefix}-{next(self._ids)}"
+        return SettleRequest(
+            adjusts,
+            slots,
+            lease_id,
+            tuple(e.add for e in entries),
+            self._now_ms(),
+            id=sid,
+            done_key=f"{self.keys.scope(tenant)}:done:{sid}",
+        )
+
+    async def _send(self, req: SettleRequest, entries: list[_Entry]) -> bool:
+        try:
+            spends = await self.store.settle(req)
+        except StoreUnavailable as exc:
+            if exc.maybe_applied and len(self._uncertain) < MAX_UNCERTAIN:
+                self._uncertain.append((req, entries))
+            else:
+                self.uncertain_merged += exc.maybe_applied
+                for entry in entries:
+                    self._keep(entry)
+            return False
+        self._answered(entries, spends)
+        return True
+
+    def _answered(self, entries: list[_Entry], spends: tuple[int, ...] | None) -> None:
+        self.on_success()
+        if spends is None:
+            return  # ran before, its answer lost: its alerts were decided then
+        for entry, after in zip(entries, spends, strict=True):
+            self._alerts(entry, after)
+
+    def _keep(self, entry: _Entry) -> None:
+        records = self._pending.setdefault(entry.subject.tenant, {})
+        old = records.get(entry.add.key)
+        if old is None:
+            if self._pending_count >= MAX_PENDING_RECORDS:
+                self.lost_records += 1
+                return
+            records[entry.add.key] = entry
+            self._pending_count += 1
+            return
+        merged = dict(old.add.fields)
+        for name, value in entry.add.fields:
+            merged[name] = merged.get(name, 0) + value
+        old.add = UsageAdd(entry.add.key, entry.add.keep_s, tuple(merged.items()))
+
+    def _alerts(self, entry: _Entry, after: int) -> None:
+        budget = entry.subject.budget
+        if budget is None or budget.window != entry.window.kind:
+            return
+        before = after - dict(entry.add.fields).get(SPEND, 0)
+        for fraction in crossed(budget, before, after):
+            alert = BudgetAlert(entry.subject.tenant, entry.window, fraction, after, budget.cap)
+            self.alerts_fired += 1
+            key = (alert.tenant, entry.window.kind, str(fraction))
+            self.alert_counts[key] = self.alert_counts.get(key, 0) + 1
+            log.warning(
+                "budget alert: tenant %s has spent %s of its %s budget (%s)",
+                alert.tenant,
+                f"{fraction:.0%}",
+                entry.window.kind,
+                entry.window.id,
+            )
+            if self.on_alert is not None:
+                self.on_alert(alert)

@@ -1,0 +1,318 @@
+"""The limiter: admits a request against its tenant's rules, then settles what it used.
+
+``admit`` makes one store call for everything that binds the request (budget, requests and
+tokens per minute, concurrency; the tenant's own and on its surface): all are taken, or none
+and ``LimitExceeded`` says which and when to retry. Tokens are reserved from an estimate;
+``finish`` (in the background, off the request's time) reconciles them with the real usage
+(or gives them all back when the request failed), releases the concurrency lease and adds the
+usage and cost to the tenant's day, week and month records, firing budget alerts.
+
+Concurrency leases expire after ``lease_ttl_s`` unless renewed: this instance renews the
+leases it holds every third of that, so a crashed instance's slots come back within the TTL.
+
+The store unavailable (Redis down): ``fail_open`` admits without limits (the budget is not
+checked either), otherwise requests are refused (``reason="unavailable"``). Either way each
+such decision is counted (``unavailable``) and one warning is logged per outage; usage that
+could not be written is kept and written once the store answers (``gateway.limits.ledger``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gateway.limits import gcra
+from gateway.limits.headers import RateView, rate_headers, retry_headers
+from gateway.limits.ledger import Ledger
+from gateway.limits.rules import Keys, RateLimits, Subject
+from gateway.limits.store import (
+    AcquireRequest,
+    AcquireResult,
+    BucketAdjust,
+    BucketTake,
+    BudgetGate,
+    LimitStore,
+    SlotTake,
+    StoreUnavailable,
+)
+from gateway.limits.usage import BudgetAlert, UsageRecord
+from gateway.limits.windows import Window, window_of
+
+log = logging.getLogger("llm_gateway.limits")
+
+Reason = Literal["requests", "tokens", "concurrency", "budget", "unavailable"]
+_Label = tuple[Literal["requests", "tokens"], bool]  # a bucket's kind, and whether per surface
+_ADJECTIVE = {"day": "daily", "week": "weekly", "month": "monthly"}
+
+
+class LimitExceeded(Exception):
+    def __init__(self, reason: Reason, message: str, headers: dict[str, str]) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.headers = headers
+
+
+@dataclass(slots=True)
+class Admission:
+    subject: Subject
+    requests: RateView | None = None
+    tokens: RateView | None = None
+    reserved: tuple[BucketTake, ...] = ()  # token buckets, to reconcile
+    slots: tuple[str, ...] = ()
+    lease_id: str = ""
+    spend: int = 0  # pUSD in the budget's window when admitted
+    downgrade: bool = False  # budget spent and on_exhausted: downgrade
+    degraded: bool = False  # admitted without limits: the store was unavailable
+    settled: bool = field(default=False)
+
+    def headers(self) -> dict[str, str]:
+        return rate_headers(self.requests, self.tokens)
+
+
+class Limiter:
+    def __init__(
+        self,
+        store: LimitStore,
+        *,
+        fail_open: bool = True,
+        keys: Keys | None = None,
+        clock: Callable[[], float] | None = None,  # Unix seconds; None: the store's clock
+        lease_ttl_s: float = 30.0,
+        on_alert: Callable[[BudgetAlert], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.fail_open = fail_open
+        self.keys = keys or Keys()
+        self._clock = clock
+        self.lease_ttl_ms = int(lease_ttl_s * 1000)
+        self._leases: dict[str, tuple[str, ...]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._renewer: asyncio.Task[None] | None = None
+        self._ids = itertools.count()
+        self._lease_prefix = os.urandom(6).hex()
+        self._outage = False
+        self.unavailable = 0  # decisions taken while the store was unavailable
+        self.ledger = Ledger(
+            store, self.keys, self.now_s, self._now_ms, self._lease_prefix + "-s", on_alert
+        )
+        self.ledger.on_success = self._recovered
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._renewer is None:
+            self._renewer = asyncio.create_task(self._renew_loop(), name="limits-lease-renewal")
+
+    async def aclose(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+            self._renewer = None
+        await self.drain()
+        await self.store.aclose()
+
+    async def drain(self) -> None:
+        """Wait for the settlements in flight (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def now_s(self) -> float:
+        return self._clock() if self._clock is not None else time.time()
+
+    def _now_ms(self) -> int | None:
+        return None if self._clock is None else int(self._clock() * 1000)
+
+    # ---- admission -----------------------------------------------------------------------
+
+    async def admit(self, subject: Subject, tokens: int) -> Admission:
+        """Take every limit of ``subject`` for one request reserving ``tokens``, or raise."""
+        if not subject.limited and subject.budget is None:
+            return Admission(subject)
+        buckets, slots, kinds = self._takes(subject, tokens)
+        gate = None
+        budget = subject.budget
+        if budget is not None:
+            window = window_of(budget.window, self.now_s())
+            key = self.keys.record(subject.tenant, window)
+            gate = BudgetGate(key, budget.cap, refuse=budget.on_exhausted == "reject")
+        lease_id = f"{self._lease_prefix}-{next(self._ids)}" if slots else ""
+        req = AcquireRequest(
+            tuple(buckets), tuple(slots), gate, lease_id, self.lease_ttl_ms, self._now_ms()
+        )
+        try:
+            result = await self.store.acquire(req)
+        except StoreUnavailable:
+            return self._unavailable(subject)
+        self._recovered()
+        requests = _view(req, result, kinds, "requests")
+        tokens_view = _view(req, result, kinds, "tokens")
+        if not result.admitted:
+            raise self._refusal(subject, req, result, kinds, requests, tokens_view)
+        if slots:
+            self._leases[lease_id] = tuple(s.key for s in slots)
+        return Admission(
+            subject,
+            requests,
+            tokens_view,
+            reserved=tuple(b for b, k in zip(buckets, kinds, strict=True) if k[0] == "tokens"),
+            slots=tuple(s.key for s in slots),
+            lease_id=lease_id,
+            spend=result.spend,
+            downgrade=budget is not None and result.spend >= budget.cap,
+        )
+
+    def _takes(
+        self, subject: Subject, tokens: int
+    ) -> tuple[list[BucketTake], list[SlotTake], list[_Label]]:
+        buckets: list[BucketTake] = []
+        kinds: list[_Label] = []
+        slots: list[SlotTake] = []
+        scopes: list[tuple[str, RateLimits | None, bool]] = [
+            (self.keys.scope(subject.tenant), subject.limits, False),
+            (self.keys.scope(subject.tenant, subject.surface), subject.surface_limits, True),
+        ]
+        for scope, limits, on_surface in scopes:
+            if limits is None or not limits:
+                continue
+            if limits.requests_per_minute is not None:
+                buckets.append(BucketTake(scope + ":r", gcra.Rate(limits.requests_per_minute), 1))
+                kinds.append(("requests", on_surface))
+            if limits.tokens_per_minute is not None:
+                rate = gcra.Rate(limits.tokens_per_minute)
+                buckets.append(BucketTake(scope + ":k", rate, max(0, tokens)))
+                kinds.append(("tokens", on_surface))
+            if limits.max_concurrent is not None:
+                slots.append(SlotTake(scope + ":c", limits.max_concurrent))
+        return buckets, slots, kinds
+
+    def _refusal(
+        self,
+        subject: Subject,
+        req: AcquireRequest,
+        result: AcquireResult,
+        kinds: list[_Label],
+        requests: RateView | None,
+        tokens: RateView | None,
+    ) -> LimitExceeded:
+        headers = rate_headers(requests, tokens)
+        tenant = subject.tenant
+        if result.blocked_by == "budget":
+            assert subject.budget is not None
+            window = window_of(subject.budget.window, self.now_s())
+            wait = int(window.seconds_left(self.now_s()) * 1000)
+            return LimitExceeded(
+                "budget",
+                f"tenant {tenant!r} has spent its {_ADJECTIVE[window.kind]} budget of "
+                f"{subject.budget.usd} USD; it renews at {window.end.isoformat()}",
+                {**headers, **retry_headers(wait)},
+            )
+        if result.blocked_by == "slot":
+            limit = req.slots[result.blocked_index].limit
+            return LimitExceeded(
+                "concurrency",
+                f"tenant {tenant!r} has {limit} requests in flight, its max_concurrent",
+                {**headers, **retry_headers(1000)},
+            )
+        take = req.buckets[result.blocked_index]
+        kind, on_surface = kinds[result.blocked_index]
+        where = f" on surface {subject.surface!r}" if on_surface else ""
+        if result.wait_ms is None:
+            message = (
+                f"request too large: {take.amount} tokens (prompt estimate plus max_tokens) "
+                f"exceed the limit of {take.rate.limit} tokens per minute{where}"
+            )
+        else:
+            message = (
+                f"rate limit reached for tenant {tenant!r}{where}: limit "
+                f"{take.rate.limit} {kind} per minute, requested {take.amount}"
+            )
+        return LimitExceeded(
+            kind,
+            message,
+            {**headers, **retry_headers(result.wait_ms)},
+        )
+
+    def _unavailable(self, subject: Subject) -> Admission:
+        self.unavailable += 1
+        if not self._outage:
+            self._outage = True
+            direction = "admitting without limits" if self.fail_open else "refusing requests"
+            log.warning("limit store unavailable: %s until it answers", direction)
+        if self.fail_open:
+            return Admission(subject, degraded=True)
+        raise LimitExceeded(
+            "unavailable",
+            "the rate limiter is unavailable; retry shortly",
+            retry_headers(1000),
+        )
+
+    def _recovered(self) -> None:
+        if self._outage:
+            self._outage = False
+            log.warning("limit store available again; limits enforced")
+
+    # ---- settlement ----------------------------------------------------------------------
+
+    def finish(self, admission: Admission, record: UsageRecord | None) -> None:
+        """Settle in the background: ``record`` None means the request failed (no usage)."""
+        if admission.settled:
+            return
+        admission.settled = True
+        if admission.lease_id:
+            self._leases.pop(admission.lease_id, None)
+        task = asyncio.get_running_loop().create_task(self.settle(admission, record))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def settle(self, admission: Admission, record: UsageRecord | None) -> None:
+        used = record.usage.total if record is not None else 0
+        adjusts = tuple(
+            BucketAdjust(b.key, b.rate, used - b.amount)
+            for b in admission.reserved
+            if used != b.amount
+        )
+        await self.ledger.settle(
+            admission.subject, adjusts, admission.slots, admission.lease_id, record
+        )
+
+    async def flush(self) -> None:
+        await self.ledger.flush()
+
+    async def _renew_loop(self) -> None:
+        interval = self.lease_ttl_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            leases = tuple((k, lid) for lid, ks in list(self._leases.items()) for k in ks)
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.renew(leases, self.lease_ttl_ms, self._now_ms())
+                await self.ledger.flush()
+
+    # ---- reports -------------------------------------------------------------------------
+
+    async def record_of(self, tenant: str, window: Window) -> dict[str, int]:
+        return await self.store.read_usage(self.keys.record(tenant, window), self._now_ms())
+
+
+def _view(
+    req: AcquireRequest, result: AcquireResult, kinds: list[_Label], kind: str
+) -> RateView | None:
+    """The tighter of the buckets of ``kind`` (tenant, surface): the fewer remaining."""
+    best: RateView | None = None
+    for take, debt, (k, _) in zip(req.buckets, result.debts, kinds, strict=True):
+        if k != kind:
+            continue
+        view = RateView(
+            take.rate.limit, gcra.remaining(debt, take.rate), gcra.reset_ms(debt, take.rate)
+        )
+        if best is None or (view.remaining, view.limit) < (best.remaining, best.limit):
+            best = view
+    return best

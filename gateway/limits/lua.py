@@ -1,0 +1,187 @@
+"""The Lua scripts of the Redis limit store: each check or settlement is one atomic script.
+
+They mirror ``gateway.limits.gcra`` and ``gateway.limits.memory`` line for line. Every number
+stays an integer below 2**53 (Lua numbers are doubles), so the arithmetic is exact:
+
+* a bucket is a hash ``{d: debt, t: ms}``, expiring once drained (plus a second);
+* a slot set is a sorted set of lease ids scored by their expiry (ms);
+* money is a pair of fields, ``<name>.u`` (whole micro-dollars) and ``<name>.p`` (the pUSD
+  below one micro-dollar, kept under 10**6 by carrying), so a tenant's spend is exact up to
+  about 9e12 USD; the client sends each amount already split the same way.
+
+Time is the server's (``TIME``, one clock for every instance) unless the caller passes one.
+"""
+
+from __future__ import annotations
+
+_COMMON = """
+local function now_ms(arg)
+  local now = tonumber(arg)
+  if now then return now end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function ceil_div(a, b)
+  local q = math.floor(a / b)
+  while q * b < a do q = q + 1 end
+  while q > 0 and (q - 1) * b >= a do q = q - 1 end
+  return q
+end
+local function drained(key, now, limit)
+  local row = redis.call('HMGET', key, 'd', 't')
+  local d, t = tonumber(row[1]) or 0, tonumber(row[2]) or now
+  if now > t then d = math.max(0, d - (now - t) * limit) end
+  return d, math.max(t, now)
+end
+local function store(key, d, t, limit)
+  if d > 0 then
+    redis.call('HSET', key, 'd', d, 't', t)
+    redis.call('PEXPIRE', key, ceil_div(d, limit) + 1000)
+  else
+    redis.call('DEL', key)
+  end
+end
+"""
+
+# KEYS: buckets (nb), slot sets (ns), then the budget's usage record (when ARGV[6] ~= '').
+# ARGV: now|'', nb, ns, lease id, lease ttl ms, cap micro|'', cap pUSD rest, refuse 0|1,
+#       then per bucket: limit, period ms, amount; then per slot: limit.
+# Returns: admitted, now, blocker (0, 1 bucket, 2 slot, 3 budget), index (1-based),
+#          wait ms (-1: never), spend micro, spend pUSD rest, debts..., held...
+ACQUIRE = (
+    _COMMON
+    + """
+local now = now_ms(ARGV[1])
+local nb, ns = tonumber(ARGV[2]), tonumber(ARGV[3])
+local lease, ttl = ARGV[4], tonumber(ARGV[5])
+local blocker, index, wait = 0, 0, 0
+local su, sp = 0, 0
+if ARGV[6] ~= '' then
+  local row = redis.call('HMGET', KEYS[nb + ns + 1], 'spend$.u', 'spend$.p')
+  su, sp = tonumber(row[1]) or 0, tonumber(row[2]) or 0
+  local cu, cp = tonumber(ARGV[6]), tonumber(ARGV[7])
+  if ARGV[8] == '1' and (su > cu or (su == cu and sp >= cp)) then blocker = 3 end
+end
+local debts, stamps, held = {}, {}, {}
+local a = 9
+for i = 1, nb do
+  local limit, period, amount = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  a = a + 3
+  local d, t = drained(KEYS[i], now, limit)
+  debts[i], stamps[i] = d, t
+  if blocker == 0 or blocker == 1 then
+    local need = -1
+    if amount <= limit then
+      local excess = d + amount * period - limit * period
+      need = 0
+      if excess > 0 then need = ceil_div(excess, limit) end
+    end
+    if need ~= 0 then
+      if blocker == 0 or need == -1 or (wait ~= -1 and need > wait) then
+        index, wait = i, need
+      end
+      blocker = 1
+    end
+  end
+end
+for j = 1, ns do
+  local key, limit = KEYS[nb + j], tonumber(ARGV[a])
+  a = a + 1
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  held[j] = redis.call('ZCARD', key)
+  if blocker == 0 and held[j] >= limit then blocker, index = 2, j end
+end
+if blocker == 0 then
+  a = 9
+  for i = 1, nb do
+    local limit, period, amount = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    a = a + 3
+    debts[i] = debts[i] + amount * period
+    store(KEYS[i], debts[i], stamps[i], limit)
+  end
+  for j = 1, ns do
+    redis.call('ZADD', KEYS[nb + j], now + ttl, lease)
+    redis.call('PEXPIRE', KEYS[nb + j], ttl + 1000)
+    held[j] = held[j] + 1
+  end
+end
+local out = {blocker == 0 and 1 or 0, now, blocker, index, wait, su, sp}
+for i = 1, nb do out[#out + 1] = debts[i] end
+for j = 1, ns do out[#out + 1] = held[j] end
+return out
+"""
+)
+
+# KEYS: adjusted buckets (na), slot sets to leave (nr), usage records, then the settlement's
+#       done key (when ARGV[5] ~= '').
+# ARGV: now|'', na, nr, lease id, settlement id|'', group count, then per bucket: limit,
+#       period ms, delta; then per group of records sharing their fields (a request's day,
+#       week and month): record count, each record's keep s, field count, then per field:
+#       name, value (money: micro), pUSD rest.
+# Returns: per record, its spend: micro, pUSD rest; or -1 when this id has run already.
+SETTLE = (
+    _COMMON
+    + """
+local now = now_ms(ARGV[1])
+local na, nr = tonumber(ARGV[2]), tonumber(ARGV[3])
+local lease = ARGV[4]
+if ARGV[5] ~= '' then
+  if not redis.call('SET', KEYS[#KEYS], 1, 'NX', 'EX', 86400) then return -1 end
+end
+local groups = tonumber(ARGV[6])
+local a = 7
+for i = 1, na do
+  local limit, period, delta = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  a = a + 3
+  local d, t = drained(KEYS[i], now, limit)
+  store(KEYS[i], math.max(0, d + delta * period), t, limit)
+end
+for j = 1, nr do redis.call('ZREM', KEYS[na + j], lease) end
+local out = {}
+local k = na + nr
+for g = 1, groups do
+  local records = tonumber(ARGV[a])
+  local keeps = a + 1
+  local nf = tonumber(ARGV[keeps + records])
+  local fields = keeps + records + 1
+  a = fields + 3 * nf
+  for r = 1, records do
+    k = k + 1
+    local key = KEYS[k]
+    for f = 0, nf - 1 do
+      local at = fields + 3 * f
+      local name, hi, lo = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+      if string.sub(name, -1) == '$' then
+        local rest = redis.call('HINCRBY', key, name .. '.p', lo)
+        local carry = math.floor(rest / 1000000)
+        if carry > 0 then redis.call('HINCRBY', key, name .. '.p', -carry * 1000000) end
+        if hi + carry > 0 then redis.call('HINCRBY', key, name .. '.u', hi + carry) end
+      elseif hi ~= 0 then
+        redis.call('HINCRBY', key, name, hi)
+      end
+    end
+    redis.call('EXPIRE', key, tonumber(ARGV[keeps + r - 1]))
+    local row = redis.call('HMGET', key, 'spend$.u', 'spend$.p')
+    out[#out + 1] = tonumber(row[1]) or 0
+    out[#out + 1] = tonumber(row[2]) or 0
+  end
+end
+return out
+"""
+)
+
+# KEYS: slot sets; ARGV: now|'', ttl ms, then the lease id held in each set.
+RENEW = (
+    _COMMON
+    + """
+local now, ttl = now_ms(ARGV[1]), tonumber(ARGV[2])
+for i = 1, #KEYS do
+  local score = redis.call('ZSCORE', KEYS[i], ARGV[2 + i])
+  if score and tonumber(score) > now then
+    redis.call('ZADD', KEYS[i], now + ttl, ARGV[2 + i])
+    redis.call('PEXPIRE', KEYS[i], ttl + 1000)
+  end
+end
+return #KEYS
+"""
+)

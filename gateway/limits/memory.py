@@ -1,0 +1,128 @@
+"""The in-process limit store: one gateway instance (``shared_state.redis_url`` empty).
+
+The same contract and arithmetic as the Redis store (``gateway.limits.gcra``; leases that expire;
+money fields in pUSD), run on the event loop without an await inside an operation, so each
+``acquire`` and ``settle`` is atomic. State is bounded by the policy: one bucket and one slot
+set per (tenant) and (tenant, surface) with a limit, and usage records per tenant and window,
+dropped once their window is over (``keep_s``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from gateway.limits import gcra
+from gateway.limits.store import (
+    SPEND,
+    AcquireRequest,
+    AcquireResult,
+    Blocker,
+    SettleRequest,
+)
+
+
+class MemoryStore:
+    kind: Literal["memory", "redis"] = "memory"
+
+    def __init__(self) -> None:
+        self._buckets: dict[str, gcra.Bucket] = {}
+        self._slots: dict[str, dict[str, int]] = {}  # key -> lease id -> expiry (ms)
+        self._usage: dict[str, tuple[int, dict[str, int]]] = {}  # key -> (expiry ms, fields)
+        self._sweep_at = 0
+
+    @staticmethod
+    def _now(now_ms: int | None) -> int:
+        return now_ms if now_ms is not None else int(time.time() * 1000)
+
+    async def acquire(self, req: AcquireRequest) -> AcquireResult:
+        now = self._now(req.now_ms)
+        spend = 0
+        blocked: Blocker | None = None
+        index = 0
+        wait: int | None = 0
+        if req.budget is not None:
+            spend = self._record(req.budget.key, now).get(SPEND, 0)
+            if req.budget.refuse and spend >= req.budget.cap:
+                blocked = "budget"
+        debts: list[int] = []
+        for i, take in enumerate(req.buckets):
+            bucket = self._buckets.get(take.key) or gcra.Bucket(0, now)
+            debt = gcra.debt_at(bucket, take.rate, now)
+            debts.append(debt)
+            need = gcra.wait_ms(debt, take.rate, take.amount)
+            if need != 0 and blocked in (None, "bucket"):
+                # Several buckets refuse: the request fits once the slowest one has drained.
+                if blocked is None or need is None or (wait is not None and need > wait):
+                    index, wait = i, need
+                blocked = "bucket"
+        held: list[int] = []
+        for j, slot in enumerate(req.slots):
+            leases = self._live_leases(slot.key, now)
+            held.append(len(leases))
+            if blocked is None and len(leases) >= slot.limit:
+                blocked, index = "slot", j
+        if blocked is not None:
+            return AcquireResult(False, now, tuple(debts), tuple(held), spend, blocked, index, wait)
+        for i, take in enumerate(req.buckets):
+            bucket = self._buckets.setdefault(take.key, gcra.Bucket(0, now))
+            gcra.take(bucket, take.rate, take.amount, now)
+            debts[i] = bucket.debt
+        for j, slot in enumerate(req.slots):
+            self._slots.setdefault(slot.key, {})[req.lease_id] = now + req.lease_ttl_ms
+            held[j] += 1
+        return AcquireResult(True, now, tuple(debts), tuple(held), spend)
+
+    async def settle(self, req: SettleRequest) -> tuple[int, ...]:
+        now = self._now(req.now_ms)
+        for adj in req.adjusts:
+            bucket = self._buckets.setdefault(adj.key, gcra.Bucket(0, now))
+            gcra.adjust(bucket, adj.rate, adj.delta, now)
+        for key in req.releases:
+            leases = self._slots.get(key)
+            if leases is not None:
+                leases.pop(req.lease_id, None)
+        spends = []
+        for add in req.usage:
+            entry = self._usage.get(add.key)
+            if entry is None or entry[0] <= now:
+                entry = self._usage[add.key] = (now + add.keep_s * 1000, {})
+            fields = entry[1]
+            for name, value in add.fields:
+                fields[name] = fields.get(name, 0) + value
+            spends.append(fields.get(SPEND, 0))
+        if now >= self._sweep_at:
+            self._sweep_at = now + 60_000
+            self._forget_old_records(now)
+        return tuple(spends)
+
+    async def renew(
+        self, leases: tuple[tuple[str, str], ...], ttl_ms: int, now_ms: int | None
+    ) -> None:
+        now = self._now(now_ms)
+        for key, lease_id in leases:
+            held = self._slots.get(key)
+            if held is not None and held.get(lease_id, 0) > now:
+                held[lease_id] = now + ttl_ms
+
+    async def read_usage(self, key: str, now_ms: int | None = None) -> dict[str, int]:
+        return dict(self._record(key, self._now(now_ms)))
+
+    async def aclose(self) -> None:
+        return None
+
+    def _live_leases(self, key: str, now: int) -> dict[str, int]:
+        leases = self._slots.setdefault(key, {})
+        for lease_id in [k for k, expiry in leases.items() if expiry <= now]:
+            del leases[lease_id]
+        return leases
+
+    def _record(self, key: str, now: int) -> dict[str, int]:
+        entry = self._usage.get(key)
+        if entry is None or entry[0] <= now:
+            return {}
+        return entry[1]
+
+    def _forget_old_records(self, now: int) -> None:
+        for key in [k for k, (expiry, _) in self._usage.items() if expiry <= now]:
+            del self._usage[key]

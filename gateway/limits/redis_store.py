@@ -1,0 +1,178 @@
+"""The Redis limit store: every gateway instance shares one set of counters.
+
+Each ``acquire`` and ``settle`` is one Lua script (``gateway.limits.lua``) run atomically by
+Redis, so N instances admit exactly what one would: there is no read-then-write window
+between them. Calls travel pipelined (``gateway.limits.redis_pipe``). All of a tenant's keys
+share the hash tag ``{<tenant>}``, and every call touches one tenant's keys only, so a Redis
+Cluster keeps each call in one slot.
+
+Redis down or slow: each batch of calls is bounded by ``timeout_s`` from its write; the first
+failure logs one warning and opens a back-off window of ``retry_after_s`` in which calls fail
+at once with ``StoreUnavailable`` (no connection storm, no added latency while Redis is
+away); the first success after it logs the recovery. ``failures`` counts failed calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Literal
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.limits import lua
+from gateway.limits.redis_pipe import Arg, Script, ScriptPipe
+from gateway.limits.store import (
+    SPEND,
+    AcquireRequest,
+    AcquireResult,
+    Blocker,
+    SettleRequest,
+    StoreUnavailable,
+    UsageAdd,
+)
+
+log = logging.getLogger("llm_gateway.limits")
+
+_ERRORS = (RedisError, OSError, TimeoutError)
+_BLOCKERS: dict[int, Blocker | None] = {0: None, 1: "bucket", 2: "slot", 3: "budget"}
+_MICRO = 10**6  # pUSD per micro-dollar: money is sent and stored as (micro, pUSD rest)
+# Settlements and renewals run after the answer: they wait this long for company in one write.
+LINGER_S = 0.002
+_ACQUIRE, _SETTLE, _RENEW = (Script.of(text) for text in (lua.ACQUIRE, lua.SETTLE, lua.RENEW))
+
+
+def _arg(value: int | None) -> int | str:
+    return "" if value is None else value
+
+
+class RedisLimitStore:
+    kind: Literal["memory", "redis"] = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 0.05,
+        retry_after_s: float = 1.0,
+        connections: int = 4,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.retry_after_s = retry_after_s
+        self._pipe = ScriptPipe(url, timeout_s=timeout_s, connections=connections)
+        # Reports (admin, not the request path) use a connection of their own.
+        self._redis = aioredis.Redis.from_url(
+            url, socket_connect_timeout=1.0, socket_timeout=5.0, max_connections=2
+        )
+        self._down_since: float | None = None
+        self._retry_at = 0.0
+        self.failures = 0
+
+    async def acquire(self, req: AcquireRequest) -> AcquireResult:
+        keys: list[str] = [b.key for b in req.buckets] + [s.key for s in req.slots]
+        args: list[Arg] = [_arg(req.now_ms), len(req.buckets), len(req.slots)]
+        args += [req.lease_id, req.lease_ttl_ms]
+        if req.budget is not None:
+            keys.append(req.budget.key)
+            args += [*divmod(req.budget.cap, _MICRO), 1 if req.budget.refuse else 0]
+        else:
+            args += ["", 0, 0]
+        for b in req.buckets:
+            args += [b.rate.limit, b.rate.period_ms, b.amount]
+        args += [s.limit for s in req.slots]
+        raw: list[int] = await self._call(_ACQUIRE, keys, args)
+        nb = len(req.buckets)
+        admitted, now, blocker, index, wait, spend_u, spend_p = raw[:7]
+        return AcquireResult(
+            admitted=admitted == 1,
+            now_ms=now,
+            debts=tuple(raw[7 : 7 + nb]),
+            held=tuple(raw[7 + nb :]),
+            spend=spend_u * _MICRO + spend_p,
+            blocked_by=_BLOCKERS[blocker],
+            blocked_index=max(0, index - 1),
+            wait_ms=None if wait == -1 else wait,
+        )
+
+    async def settle(self, req: SettleRequest) -> tuple[int, ...] | None:
+        groups: list[tuple[list[UsageAdd], tuple[tuple[str, int], ...]]] = []
+        for add in req.usage:  # a request's day, week and month records share their fields
+            if groups and groups[-1][1] == add.fields:
+                groups[-1][0].append(add)
+            else:
+                groups.append(([add], add.fields))
+        keys = [a.key for a in req.adjusts] + list(req.releases) + [u.key for u in req.usage]
+        if req.id:
+            keys.append(req.done_key)
+        args: list[Arg] = [_arg(req.now_ms), len(req.adjusts), len(req.releases)]
+        args += [req.lease_id, req.id, len(groups)]
+        for adj in req.adjusts:
+            args += [adj.rate.limit, adj.rate.period_ms, adj.delta]
+        for records, fields in groups:
+            args += [len(records), *(r.keep_s for r in records), len(fields)]
+            for name, value in fields:
+                if name.endswith("$"):
+                    args += [name, *divmod(value, _MICRO)]
+                else:
+                    args += [name, value, 0]
+        raw: list[int] | int = await self._call(_SETTLE, keys, args, LINGER_S)
+        if not isinstance(raw, list):
+            return None  # this settlement had run already: its answer was lost on the way
+        return tuple(raw[i] * _MICRO + raw[i + 1] for i in range(0, len(raw), 2))
+
+    async def renew(
+        self, leases: tuple[tuple[str, str], ...], ttl_ms: int, now_ms: int | None
+    ) -> None:
+        if not leases:
+            return
+        keys = [key for key, _ in leases]
+        args: list[Arg] = [_arg(now_ms), ttl_ms, *(lease for _, lease in leases)]
+        await self._call(_RENEW, keys, args, LINGER_S)
+
+    async def read_usage(self, key: str, now_ms: int | None = None) -> dict[str, int]:
+        try:
+            raw = await self._redis.hgetall(key)
+        except _ERRORS as exc:
+            raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
+        out: dict[str, int] = {}
+        for name_raw, value in raw.items():
+            name = name_raw.decode() if isinstance(name_raw, bytes) else name_raw
+            if name.endswith(("$.u", "$.p")):
+                money = name[:-2]
+                scale = _MICRO if name.endswith(".u") else 1
+                out[money] = out.get(money, 0) + int(value) * scale
+            else:
+                out[name] = int(value)
+        out.setdefault(SPEND, 0)
+        return out
+
+    async def aclose(self) -> None:
+        await self._pipe.aclose()
+        await self._redis.aclose()
+
+    @property
+    def available(self) -> bool:
+        return self._down_since is None or time.monotonic() >= self._retry_at
+
+    async def _call(
+        self, script: Script, keys: list[str], args: list[Arg], linger_s: float = 0.0
+    ) -> Any:
+        if self._down_since is not None and time.monotonic() < self._retry_at:
+            raise StoreUnavailable("redis limit store is in back-off")
+        try:
+            result = await self._pipe.call(script, keys, args, linger_s)
+        except StoreUnavailable as exc:
+            self._failed(exc)
+            raise
+        if self._down_since is not None:
+            log.warning("redis limit store back after %.1f s", time.monotonic() - self._down_since)
+            self._down_since = None
+        return result
+
+    def _failed(self, exc: StoreUnavailable) -> None:
+        self.failures += 1
+        self._retry_at = time.monotonic() + self.retry_after_s
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            log.warning("redis limit store unavailable (%s)", exc)

@@ -1,0 +1,98 @@
+"""The usage of a streamed answer, read from its usage chunk, which the client may not see.
+
+Limits and cost are settled on the real token counts, so the gateway asks every streamed chat
+or completion for ``stream_options.include_usage`` (``with_usage``). The answer's usage then
+arrives as one chunk with ``"choices": []`` just before ``data: [DONE]``. When the client did
+not ask for it, ``UsageTap(strip=True)`` takes that chunk out of the bytes the client gets, so
+it sees the stream it asked for; otherwise the tap only reads. Reads are split into whole
+events (an event may straddle two reads); only events naming a non-null ``usage`` are parsed,
+so a long stream costs a substring search per event. With ``strip`` an unfinished event is
+held until its end arrives (a client cannot use half an event anyway).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from gateway.limits.cost import Usage
+from gateway.protocol.openai import ParsedRequest
+from gateway.protocol.sse import EventSplitter, payloads
+
+_NULL_USAGE = (b'"usage":null', b'"usage": null')
+
+
+def asks_usage(body: dict[str, Any]) -> bool:
+    opts = body.get("stream_options")
+    return isinstance(opts, dict) and bool(opts.get("include_usage"))
+
+
+def with_usage(parsed: ParsedRequest) -> ParsedRequest:
+    """The request as sent upstream: a stream that reports its usage at the end."""
+    opts = parsed.body.get("stream_options")
+    body = {**parsed.body, "stream_options": {**(opts or {}), "include_usage": True}}
+    return replace(parsed, raw=json.dumps(body).encode(), body=body)
+
+
+class UsageTap:
+    __slots__ = ("_events", "_started", "events", "strip", "usage")
+
+    def __init__(self, strip: bool) -> None:
+        self.strip = strip
+        self.usage: Usage | None = None
+        self.events = 0  # data events seen: about the tokens streamed, if the end never comes
+        self._events = EventSplitter()
+        self._started: Usage | None = None  # Anthropic's message_start (input tokens)
+
+    def feed(self, data: bytes) -> bytes:
+        """The bytes to send on for ``data`` (all of them unless a usage chunk is stripped)."""
+        kept: list[bytes] = []
+        for event in self._events.feed(data):
+            self.events += 1
+            names_usage = b'"usage"' in event and not any(n in event for n in _NULL_USAGE)
+            if names_usage and self._read(event) and self.strip:
+                continue  # the usage-only chunk the client did not ask for
+            kept.append(event)
+        if not self.strip:
+            return data
+        return b"".join(event + b"\n\n" for event in kept)
+
+    def watch(self, data: bytes) -> None:
+        """Read only (the client asked for the usage chunk too)."""
+        self.feed(data)
+
+    def flush(self) -> bytes:
+        """What is held at the end of the stream (an event never terminated)."""
+        rest, self._events = self._events.pending, EventSplitter()
+        return rest if self.strip else b""
+
+    def _read(self, event: bytes) -> bool:
+        """Note the usage an event carries; True when it is chat's usage-only chunk.
+
+        Chat and completions: the chunk's ``usage``. Streams relayed untranslated: the Responses
+        API's ``response.completed`` (``response.usage``); Anthropic's ``message_start`` (its
+        ``message.usage``: the input) then ``message_delta`` (the output so far)."""
+        for payload in payloads(event):
+            try:
+                obj = json.loads(payload)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                continue
+            if not isinstance(obj, dict):
+                continue
+            raw = obj.get("usage")
+            if not isinstance(raw, dict):
+                inner = obj.get("response") or obj.get("message")
+                raw = inner.get("usage") if isinstance(inner, dict) else None
+            usage = Usage.read(raw)
+            if usage is None:
+                continue
+            kind = obj.get("type")
+            if kind == "message_start":
+                self._started = usage
+            elif kind == "message_delta" and self._started is not None:
+                base = self._started
+                usage = Usage(base.input, base.cached_input, usage.output)
+            self.usage = usage
+            return obj.get("choices") == []
+        return False

@@ -1,0 +1,206 @@
+"""The limits stage: a tenant's limits and budget before the request runs; its usage, cost and
+settlement after.
+
+Before: one limiter call takes every limit that binds the request (``gateway.limits``),
+reserving its estimated tokens (``gateway.limits.estimate``). A refusal is a 429 as OpenAI
+sends it (``rate_limit_exceeded``; ``insufficient_quota`` for a spent budget) with
+``Retry-After``; the ``x-ratelimit-*`` headers go on every response of a limited tenant. A
+spent budget with ``on_exhausted: downgrade`` is served by the model the budget names
+(``downgrade_to``), else by the alias's small tier, and says so (``x-gateway-downgraded``);
+with neither, it is refused as a spent budget.
+
+After: the answer's usage (its JSON, its stream's usage chunk, zero for a cache hit) is priced
+by the destination that answered (``models.<alias>.price``): in ``x-gateway-cost-usd`` while
+headers can still be sent (JSON answers, cached and held answers; a live stream's headers left
+before its usage was known), on the span (``gateway.cost.usd``), in the metrics per tenant,
+surface and model, and settled by the limiter in the background. An upstream that reports no
+usage is charged the estimate. A request that failed gives its tokens back; one whose client
+left mid-answer is charged its prompt estimate and the stream events it was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from gateway.call import STATUS_KEY, Call
+from gateway.errors import GatewayError, QuotaExceeded, RateLimited, Unavailable
+from gateway.limits.cost import Price, Usage, cost_pico, usd_float, usd_text
+from gateway.limits.estimate import output_tokens, prompt_tokens, reserve_tokens
+from gateway.limits.limiter import Admission, LimitExceeded
+from gateway.limits.rules import RateLimits
+from gateway.limits.usage import UsageRecord
+from gateway.observability.summary import ResponseSummary, summarize_body
+from gateway.observability.usage_metrics import UsageMetrics
+from gateway.protocol.openai import Endpoint
+from gateway.protocol.usage import UsageTap
+from gateway.runtime import Destination
+from gateway.upstream.attempts import Attempt
+
+
+@dataclass(slots=True)
+class Quota:
+    """One request's admission, and what its answer used as it went out."""
+
+    call: Call
+    admission: Admission
+    targets: list[Destination]  # the downgraded ones when the budget is spent
+    downgraded: str | None = None  # what serves instead: "small" or an alias
+    reserved: int = 0  # tokens taken from tokens_per_minute
+    price: Price | None = None  # of the destination that answered
+    cache_hit: bool = False
+    tap: UsageTap | None = None  # a live stream's usage chunk
+    answer: ResponseSummary | None = None  # a whole answer, read once (the span reuses it)
+    spent: list[tuple[Usage, Price | None]] = field(default_factory=list)  # answers not served
+
+    def headers(self) -> dict[str, str]:
+        headers = self.admission.headers()
+        if self.downgraded is not None:
+            headers["x-gateway-downgraded"] = self.downgraded
+        return headers
+
+    def usage(self) -> Usage | None:
+        if self.cache_hit:
+            return Usage()
+        if self.answer is not None and self.answer.usage is not None:
+            return Usage.read(self.answer.usage)
+        return self.tap.usage if self.tap is not None else None
+
+    def estimate(self, left: bool = False) -> Usage:
+        """What the answer used when the upstream did not say: the prompt's estimate, and for the
+        output what a stream sent (an event is about a token), nothing for an answer its client
+        left (the upstream was closed), else its cap (``max_tokens`` or the expectation)."""
+        call = self.call
+        prompt = prompt_tokens(call.parsed.body)
+        if self.tap is not None:
+            return Usage(input=prompt, output=self.tap.events)
+        if left or call.parsed.endpoint is Endpoint.EMBEDDINGS:
+            return Usage(input=prompt)
+        expected = call.rt.limits.expected_output(call.plan.name)
+        return Usage(input=prompt, output=output_tokens(call.parsed.body, expected))
+
+    def cost(self, usage: Usage | None) -> int | None:
+        """pUSD of the answer and of what was paid for on the way; None if nothing is priced."""
+        parts = [(usage, self.price), *self.spent]
+        priced = [(u, p) for u, p in parts if u is not None and p is not None]
+        if self.cache_hit:
+            return 0
+        return sum(cost_pico(p, u) for u, p in priced) if priced else None
+
+    def on_answer(self, body: bytes, attempt: Attempt | None) -> Mapping[str, str]:
+        """A whole answer before its headers go: read its usage, say its cost."""
+        if attempt is not None:
+            self.price = attempt.target.price
+        if not self.cache_hit:
+            self.answer = summarize_body(body)
+        cost = self.cost(self.usage() or self.estimate())
+        return {} if cost is None else {"x-gateway-cost-usd": usd_text(cost)}
+
+
+class LimitStage:
+    def __init__(self, metrics: UsageMetrics) -> None:
+        self.metrics = metrics
+
+    @asynccontextmanager
+    async def limited(self, call: Call, targets: list[Destination]) -> AsyncIterator[Quota]:
+        """Admit ``call`` (or raise a 429/503); settle what it used when the block ends."""
+        quota = await self.admit(call, targets)
+        ended = False
+        try:
+            yield quota
+        except GatewayError as exc:
+            ended = True
+            exc.headers.update(quota.admission.headers())
+            self.settle(call, quota, None)
+            raise
+        except asyncio.CancelledError:
+            ended = True
+            self.settle(call, quota, quota.usage() or quota.estimate(left=True), left=True)
+            raise
+        finally:
+            if not ended:
+                self.settle(call, quota, self._used(call, quota))
+
+    async def admit(self, call: Call, targets: list[Destination]) -> Quota:
+        rt, parsed = call.rt, call.parsed
+        subject = rt.limits.subject(call.tenant, call.plan.name)
+        tokens = 0
+        if _counts_tokens(subject.limits) or _counts_tokens(subject.surface_limits):
+            expected = rt.limits.expected_output(call.plan.name)
+            generates = parsed.endpoint is not Endpoint.EMBEDDINGS  # passthroughs generate too
+            tokens = reserve_tokens(parsed.body, expected, generates)
+        try:
+            admission = await rt.limiter.admit(subject, tokens)
+        except LimitExceeded as exc:
+            self.metrics.refusal(call.tenant, call.plan.name, exc.reason)
+            call.span.decision({"limits.refused": exc.reason})
+            raise _error(exc) from exc
+        quota = Quota(call, admission, targets, reserved=tokens)
+        if admission.downgrade:
+            try:
+                quota.targets, quota.downgraded = _downgrade(call)
+            except QuotaExceeded as exc:
+                rt.limiter.finish(admission, None)
+                self.metrics.refusal(call.tenant, call.plan.name, "budget")
+                exc.headers.update(admission.headers())
+                raise
+            self.metrics.downgrades.labels(call.tenant, call.plan.name).inc()
+            call.span.decision({"limits.downgraded": quota.downgraded})
+        if admission.degraded:
+            call.span.decision({"limits.degraded": True})
+        return quota
+
+    def _used(self, call: Call, quota: Quota) -> Usage | None:
+        """What an answer used: reported, else estimated; None when nothing was generated."""
+        usage = quota.usage()
+        if usage is not None:
+            return usage
+        if quota.tap is not None and quota.tap.events:
+            return quota.estimate()  # a stream that ended without its usage
+        if call.request.get(STATUS_KEY, 200) >= 400:
+            return None  # the upstream refused (4xx): nothing was generated
+        return quota.estimate()
+
+    def settle(self, call: Call, quota: Quota, usage: Usage | None, left: bool = False) -> None:
+        record = None
+        if usage is not None:
+            cost = quota.cost(usage)
+            model = call.parsed.model
+            record = UsageRecord(call.plan.name, model, usage, cost or 0, quota.cache_hit)
+            self.metrics.answered(call.tenant, call.plan.name, model, usage, cost, quota.cache_hit)
+            if cost is not None:
+                call.span.decision({"cost.usd": usd_float(cost)})
+            call.span.decision(
+                {"usage.cached_input_tokens": usage.cached_input, "usage.estimated": left or None}
+            )
+        call.rt.limiter.finish(quota.admission, record)
+
+
+def _counts_tokens(limits: RateLimits | None) -> bool:
+    return limits is not None and limits.tokens_per_minute is not None
+
+
+def _error(exc: LimitExceeded) -> GatewayError:
+    if exc.reason == "budget":
+        return QuotaExceeded(exc.message, code="insufficient_quota", headers=exc.headers)
+    if exc.reason == "unavailable":
+        return Unavailable(exc.message, code="limits_unavailable", headers=exc.headers)
+    return RateLimited(exc.message, code="rate_limit_exceeded", headers=exc.headers)
+
+
+def _downgrade(call: Call) -> tuple[list[Destination], str]:
+    """The budget is spent: the model the budget names, else the alias's small tier."""
+    rt, alias = call.rt, call.parsed.model
+    named = rt.limits.downgrade_to(call.tenant)
+    if named is not None:
+        tiered = rt.tiered(named)
+        return (rt.tier_targets(named, tiered.small) if tiered else rt.targets(named)), named
+    tiered = rt.tiered(alias)
+    if tiered is not None:
+        return rt.tier_targets(alias, tiered.small), "small"
+    raise QuotaExceeded(
+        f"tenant {call.tenant!r} has spent its budget and model '{alias}' has no cheaper tier",
+        code="insufficient_quota",
+    )

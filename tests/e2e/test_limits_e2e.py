@@ -1,0 +1,306 @@
+"""Tenant limits and budgets through real gateways sharing one real Redis, called with the
+official openai client: exact across instances, refusals as OpenAI sends them, window reset,
+Redis killed mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import openai
+import pytest
+
+from tests.cache.conftest import RedisServer
+from tests.conftest import FakeFactory, GatewayFactory, RunningGateway
+from tests.e2e.limits_helpers import (
+    CHEAP,
+    PRICE,
+    chat,
+    client,
+    limits_policy,
+    metric,
+    settled,
+    spread,
+)
+from tests.gateway.limits.conftest import Clock
+
+pytestmark = pytest.mark.redis
+
+Clients = Callable[..., openai.AsyncOpenAI]
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[Clients]:
+    made: list[openai.AsyncOpenAI] = []
+
+    def make(gw: RunningGateway, tenant: str = "team-a") -> openai.AsyncOpenAI:
+        made.append(client(gw, tenant))
+        return made[-1]
+
+    yield make
+    for c in made:
+        await c.close()
+
+
+async def three(make_gateway: GatewayFactory, policy: str, clock: Clock) -> list[RunningGateway]:
+    return [await make_gateway(policy, clock=clock) for _ in range(3)]
+
+
+async def test_three_instances_admit_exactly_the_limit(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    redis_server: RedisServer,
+    clients: Clients,
+) -> None:
+    fake = await make_fake()
+    policy = limits_policy(fake.url, redis_server.url, {"limits": {"requests_per_minute": 20}})
+    gateways = await three(make_gateway, policy, Clock())  # one instant: no refill in the burst
+    statuses = await spread([clients(gw) for gw in gateways], 60)
+    assert statuses.count(200) == 20 and statuses.count(429) == 40
+    assert len(fake.fake.requests) == 20
+    status, headers, body = await chat(clients(gateways[1]))
+    assert status == 429
+    assert body["type"] == body["code"] == "rate_limit_exceeded"  # openai puts error in .body
+    assert (headers["retry-after"], headers["x-ratelimit-remaining-requests"]) == ("3", "0")
+    assert headers["x-ratelimit-limit-requests"] == "20"
+    # Another tenant is not touched by team-a's limit.
+    other = [clients(gw, "team-b") for gw in gateways]
+    assert (await spread(other, 6)) == [200] * 6
+    refused = await metric(gateways, "llm_gateway_rate_limited_total", tenant="team-a")
+    assert refused == 41
+
+
+async def test_every_response_of_a_limited_tenant_carries_its_limits(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, clients: Clients
+) -> None:
+    fake = await make_fake()
+    rules = {"limits": {"requests_per_minute": 10, "tokens_per_minute": 5_000}}
+    gw = await make_gateway(limits_policy(fake.url, None, rules), clock=Clock())
+    status, headers, _ = await chat(clients(gw), max_tokens=20)
+    assert status == 200
+    assert headers["x-ratelimit-limit-requests"] == "10"
+    assert headers["x-ratelimit-remaining-requests"] == "9"
+    assert headers["x-ratelimit-reset-requests"] == "6s"
+    assert headers["x-ratelimit-limit-tokens"] == "5000"
+    assert int(headers["x-ratelimit-remaining-tokens"]) < 5_000
+    fake.fake.queue("status:400")  # the upstream's own error: relayed, with the limits
+    status, headers, _ = await chat(clients(gw))
+    assert status == 400 and headers["x-ratelimit-remaining-requests"] == "8"
+    status, headers, _ = await chat(clients(gw), model="nope")
+    assert status == 404  # refused before any limit was taken
+    status, headers, _ = await chat(clients(gw, "team-b"))
+    assert status == 200 and "x-ratelimit-limit-requests" not in headers
+
+
+async def test_tokens_per_minute_holds_within_one_reconciliation(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    redis_server: RedisServer,
+    clients: Clients,
+) -> None:
+    # Each answer uses 305 tokens (5 in, 300 out) where its reservation was ~16 (max_tokens 10):
+    # the limit can be passed by one request's reconciliation, never by more.
+    fake = await make_fake(completion_tokens=300)
+    rules = {"limits": {"tokens_per_minute": 1_000}}
+    gateways = await three(make_gateway, limits_policy(fake.url, redis_server.url, rules), Clock())
+    admitted = 0
+    for i in range(10):
+        status, _, _ = await chat(clients(gateways[i % 3]), max_tokens=10)
+        await settled(*gateways)
+        if status != 200:
+            assert status == 429
+            break
+        admitted += 1
+    used = admitted * 305
+    assert used > 1_000 and used - 1_000 < 305
+    status, headers, body = await chat(clients(gateways[0]), max_tokens=10)
+    assert status == 429 and body["code"] == "rate_limit_exceeded"
+    assert headers["x-ratelimit-remaining-tokens"] == "0"
+
+
+async def test_reservations_are_reconciled_to_real_usage(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, clients: Clients
+) -> None:
+    fake = await make_fake()  # 11 tokens per answer
+    rules = {"limits": {"tokens_per_minute": 1_000}}
+    gw = await make_gateway(limits_policy(fake.url, None, rules), clock=Clock())
+    admitted = 0
+    while admitted < 200:
+        status, _, _ = await chat(clients(gw), max_tokens=100)
+        await settled(gw)
+        if status != 200:
+            break
+        admitted += 1
+    # Each reserves ~105 (prompt estimate + max_tokens) and settles at 11: it is the real
+    # usage that fills the minute, up to one reservation short of the limit.
+    assert 1_000 - 105 < admitted * 11 <= 1_000
+
+
+async def test_a_failed_request_gives_its_tokens_back(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, clients: Clients
+) -> None:
+    fake = await make_fake()
+    gw = await make_gateway(
+        limits_policy(fake.url, None, {"limits": {"tokens_per_minute": 10_000}}), clock=Clock()
+    )
+    status, headers, _ = await chat(clients(gw), max_tokens=500)
+    reserved = 10_000 - int(headers["x-ratelimit-remaining-tokens"])
+    await settled(gw)  # settled at its 11 real tokens
+    fake.fake.queue("status:503")  # the upstream fails (its only replica): a 502
+    status, headers, _ = await chat(clients(gw), max_tokens=500)
+    assert status == 502 and "x-ratelimit-remaining-tokens" in headers
+    await settled(gw)
+    status, headers, _ = await chat(clients(gw), max_tokens=500)
+    assert status == 200
+    # Only the first answer's real usage and this request's reservation are held.
+    assert int(headers["x-ratelimit-remaining-tokens"]) == 10_000 - 11 - reserved
+
+
+async def test_spent_budget_refuses_with_insufficient_quota_across_instances(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    redis_server: RedisServer,
+    clients: Clients,
+) -> None:
+    fake = await make_fake()
+    budget = {"usd": 0.05, "window": "day", "alert_at": [0.5, 0.9]}
+    policy = limits_policy(fake.url, redis_server.url, {"budget": budget})
+    gateways = await three(make_gateway, policy, Clock())
+    costs = []
+    for i in range(3):  # 0.017 each: 0.051 after the third
+        status, headers, _ = await chat(clients(gateways[i]))
+        assert status == 200
+        costs.append(headers["x-gateway-cost-usd"])
+        await settled(*gateways)
+    assert costs == ["0.017"] * 3
+    for gw in gateways:
+        status, headers, body = await chat(clients(gw))
+        assert status == 429
+        assert body["type"] == body["code"] == "insufficient_quota"
+        assert "daily budget of 0.05 USD" in body["message"]
+        assert int(headers["retry-after"]) > 0  # when the day ends
+    assert len(fake.fake.requests) == 3
+    # Each alert fired once, whichever instance crossed it.
+    assert await metric(gateways, "llm_gateway_budget_alerts_total", fraction="0.5") == 1
+    assert await metric(gateways, "llm_gateway_budget_alerts_total", fraction="0.9") == 1
+    cost = await metric(gateways, "llm_gateway_cost_usd_total", tenant="team-a", model="m")
+    assert cost == pytest.approx(0.051)
+
+
+async def test_downgrade_serves_the_named_cheaper_model(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, clients: Clients
+) -> None:
+    big, small = await make_fake(reply="big"), await make_fake(reply="small")
+    backends = {"big": {"kind": "openai", "base_url": big.url}, "small": {"kind": "openai",
+                "base_url": small.url}}  # fmt: skip
+    models = {"m": {"backend": "big", "price": PRICE}, "lite": {"backend": "small", "price": CHEAP}}
+    budget = {"usd": 0.01, "on_exhausted": "downgrade", "downgrade_to": "lite"}
+    gw = await make_gateway(
+        limits_policy(big.url, None, {"budget": budget}, models=models, backends=backends),
+        clock=Clock(),
+    )
+    status, headers, reply = await chat(clients(gw))
+    assert status == 200 and "x-gateway-downgraded" not in headers
+    await settled(gw)
+    status, headers, reply = await chat(clients(gw))
+    assert status == 200
+    assert headers["x-gateway-downgraded"] == "lite"
+    assert reply.choices[0].message.content == "small"
+    assert headers["x-gateway-cost-usd"] == "0.00017"  # priced as lite: 5 x 10 + 6 x 20 per Mtok
+
+
+async def test_downgrade_without_a_cheaper_model_is_refused(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, clients: Clients
+) -> None:
+    fake = await make_fake()
+    budget = {"usd": 0.01, "on_exhausted": "downgrade"}
+    gw = await make_gateway(limits_policy(fake.url, None, {"budget": budget}), clock=Clock())
+    assert (await chat(clients(gw)))[0] == 200
+    await settled(gw)
+    status, _, body = await chat(clients(gw))
+    assert status == 429 and body["code"] == "insufficient_quota"
+    assert "no cheaper tier" in body["message"]
+
+
+async def test_windows_reset(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    redis_server: RedisServer,
+    clients: Clients,
+) -> None:
+    fake = await make_fake()
+    clock = Clock(1_795_010_000.0)  # 2026-11-18, 13:53 UTC
+    rules = {"limits": {"requests_per_minute": 2}, "budget": {"usd": 0.05, "window": "day"}}
+    gw = await make_gateway(limits_policy(fake.url, redis_server.url, rules), clock=clock)
+    c = clients(gw)
+    for remaining in ("1", "0"):
+        status, headers, _ = await chat(c)
+        assert status == 200 and headers["x-ratelimit-remaining-requests"] == remaining
+    await settled(gw)
+    status, headers, body = await chat(c)
+    assert status == 429 and body["code"] == "rate_limit_exceeded"  # 2 per minute
+    assert headers["retry-after"] == "30"
+    clock.advance(30)  # one request comes back every 30 s
+    assert (await chat(c))[0] == 200  # 3 x 0.017 = 0.051: the day's 0.05 is spent
+    await settled(gw)
+    status, _, body = await chat(c)
+    assert status == 429 and body["code"] == "insufficient_quota"
+    clock.t = 1_795_046_400.0  # the next day, 00:00 UTC: a new budget window
+    status, headers, _ = await chat(c)
+    assert status == 200 and headers["x-ratelimit-remaining-requests"] == "1"
+    await settled(gw)
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+async def test_redis_killed_mid_run_keeps_the_configured_direction(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    redis_server: RedisServer,
+    clients: Clients,
+    mode: str,
+) -> None:
+    fake = await make_fake()
+    rules = {"limits": {"requests_per_minute": 1_000, "max_concurrent": 50}}
+    policy = limits_policy(fake.url, redis_server.url, rules, failure_mode=mode)
+    gateways = await three(make_gateway, policy, Clock())
+    users = [clients(gw) for gw in gateways]
+    assert await spread(users, 9) == [200] * 9
+    redis_server.stop()
+    statuses = await spread(users, 30)
+    if mode == "open":
+        assert statuses == [200] * 30
+    else:
+        assert statuses == [503] * 30
+        status, headers, body = await chat(users[0])
+        assert body["code"] == "limits_unavailable" and "retry-after" in headers
+    assert 500 not in statuses
+    assert await metric(gateways, "llm_gateway_limits_unavailable_total", direction=mode) >= 30
+    redis_server.start()  # empty, on the same port
+    await asyncio.sleep(1.2)  # past the store's back-off
+    assert await spread(users, 6) == [200] * 6
+    status, headers, _ = await chat(users[0])
+    assert status == 200 and int(headers["x-ratelimit-remaining-requests"]) < 1_000
+
+
+async def test_downgrade_serves_the_alias_small_tier(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, clients: Clients
+) -> None:
+    small, large = await make_fake(reply="small"), await make_fake(reply="large")
+    backends = {"small": {"kind": "openai", "base_url": small.url},
+                "large": {"kind": "openai", "base_url": large.url}}  # fmt: skip
+    tiers = [{"backend": "small", "price": CHEAP}, {"backend": "large", "price": PRICE}]
+    models = {"m": {"tiers": tiers, "mode": "route", "threshold": -1.0}}  # always large
+    budget = {"usd": 0.01, "on_exhausted": "downgrade"}
+    gw = await make_gateway(
+        limits_policy(small.url, None, {"budget": budget}, models=models, backends=backends),
+        clock=Clock(),
+    )
+    status, headers, reply = await chat(clients(gw))
+    assert status == 200 and headers["x-gateway-tier"] == "large"
+    assert headers["x-gateway-cost-usd"] == "0.017"
+    await settled(gw)
+    status, headers, reply = await chat(clients(gw))
+    assert status == 200 and reply.choices[0].message.content == "small"
+    assert headers["x-gateway-downgraded"] == "small" and "x-gateway-tier" not in headers
+    assert headers["x-gateway-cost-usd"] == "0.00017"
+    assert await metric([gw], "llm_gateway_budget_downgrades_total", tenant="team-a") == 1

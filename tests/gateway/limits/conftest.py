@@ -1,0 +1,53 @@
+"""Fixtures of the limit tests: a settable clock and both stores (memory, real Redis)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gateway.limits.memory import MemoryStore
+from gateway.limits.redis_store import RedisLimitStore
+from gateway.limits.store import LimitStore
+from tests.cache.conftest import RedisServer
+
+T0 = 1_795_000_000.0  # 2026-11-18 (a Wednesday), mid-day UTC
+
+
+class Clock:
+    """Unix seconds that move only when told to."""
+
+    def __init__(self, t: float = T0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+    @property
+    def ms(self) -> int:
+        return int(self.t * 1000)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def redis_store(server: RedisServer, **kw: float) -> RedisLimitStore:
+    return RedisLimitStore(server.url, timeout_s=kw.get("timeout_s", 1.0),
+                           retry_after_s=kw.get("retry_after_s", 0.2))  # fmt: skip
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[LimitStore]:
+    """Each test runs on both stores: they must behave the same."""
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    s = redis_store(server)
+    yield s
+    await s.aclose()

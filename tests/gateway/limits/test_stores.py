@@ -1,0 +1,171 @@
+"""The two limit stores keep one contract: the Lua scripts compute what the Python does."""
+
+from __future__ import annotations
+
+import random
+from typing import NamedTuple
+
+from gateway.limits.gcra import Rate
+from gateway.limits.memory import MemoryStore
+from gateway.limits.store import (
+    SPEND,
+    AcquireRequest,
+    BucketAdjust,
+    BucketTake,
+    BudgetGate,
+    LimitStore,
+    SettleRequest,
+    SlotTake,
+    UsageAdd,
+)
+from tests.cache.conftest import RedisServer
+from tests.gateway.limits.conftest import Clock, redis_store
+
+
+class Renewal(NamedTuple):
+    leases: tuple[tuple[str, str], ...]
+    now: int
+
+
+RATES = {"r": Rate(5), "k": Rate(1_000), "s": Rate(7, 10_000)}
+
+
+def random_ops(seed: int, count: int) -> list[tuple[str, object]]:
+    """A fixed sequence of acquires, settlements and renewals at advancing times."""
+    rng = random.Random(seed)
+    ops: list[tuple[str, object]] = []
+    now = 1_000_000
+    for i in range(count):
+        now += rng.choice([0, 0, 1, 7, 150, 2_999, 12_000, 70_000])
+        kind = rng.random()
+        if kind < 0.6:
+            names = rng.sample(sorted(RATES), rng.randint(1, 3))
+            buckets = tuple(
+                BucketTake(
+                    f"t:{n}", RATES[n], rng.choice([1, 2, 300, 999, 1001]) if n == "k" else 1
+                )
+                for n in names
+            )
+            slots = (SlotTake("t:c", 2),) if rng.random() < 0.5 else ()
+            gate = BudgetGate("t:u", cap=5_000_000, refuse=rng.random() < 0.5)
+            ops.append(("acquire", AcquireRequest(buckets, slots, gate, f"L{i}", 5_000, now)))
+        elif kind < 0.9:
+            adjusts = (BucketAdjust("t:k", RATES["k"], rng.randint(-1_500, 1_500)),)
+            shared = ((SPEND, rng.randint(0, 3_000_000)), ("x:n", 1), ("x:c", 0))
+            usage = (
+                UsageAdd("t:u", 10**7, shared),  # the store groups records sharing fields
+                UsageAdd("t:w", 10**7, shared),
+                UsageAdd("t:v", 10**7, ((SPEND, rng.randint(0, 10**15)),)),
+            )
+            release = (f"L{rng.randrange(max(1, i))}",)
+            ops.append(("settle", (SettleRequest(adjusts, ("t:c",), release[0], usage, now))))
+        else:
+            leases = tuple(("t:c", f"L{j}") for j in range(max(0, i - 5), i))
+            ops.append(("renew", Renewal(leases, now)))
+    return ops
+
+
+async def run(store: LimitStore, ops: list[tuple[str, object]]) -> list[object]:
+    out: list[object] = []
+    for name, arg in ops:
+        if name == "acquire":
+            assert isinstance(arg, AcquireRequest)
+            out.append(await store.acquire(arg))
+        elif name == "settle":
+            assert isinstance(arg, SettleRequest)
+            out.append(await store.settle(arg))
+        else:
+            assert isinstance(arg, Renewal)
+            leases, now = arg
+            await store.renew(leases, 5_000, now)
+            out.append(("renewed", len(leases)))
+    return out
+
+
+async def test_redis_scripts_compute_exactly_what_the_memory_store_computes(
+    redis_server: RedisServer,
+) -> None:
+    ops = random_ops(seed=15, count=600)
+    memory = await run(MemoryStore(), ops)
+    redis = redis_store(redis_server)
+    try:
+        shared = await run(redis, ops)
+    finally:
+        await redis.aclose()
+    assert len(memory) == 600
+    kinds = {type(r).__name__ for r in memory}
+    assert {"AcquireResult", "tuple"} <= kinds
+    admitted = [r for r in memory if getattr(r, "admitted", False)]
+    refused = [r for r in memory if getattr(r, "admitted", True) is False]
+    # The sequence exercises every outcome, so agreeing is not agreeing on "always admitted".
+    assert admitted and {r.blocked_by for r in refused} == {"bucket", "slot", "budget"}  # type: ignore[attr-defined]
+    assert any(r.wait_ms is None for r in refused)  # type: ignore[attr-defined]
+    for i, (a, b) in enumerate(zip(memory, shared, strict=True)):
+        assert a == b, f"op {i}: {ops[i][0]} memory {a} != redis {b}"
+
+
+async def test_acquire_takes_all_rules_or_none(store: LimitStore, clock: Clock) -> None:
+    loose, tight = BucketTake("a:r", Rate(100), 1), BucketTake("b:r", Rate(1), 1)
+    first = await store.acquire(AcquireRequest((loose, tight), now_ms=clock.ms))
+    assert first.admitted and first.debts == (60_000, 60_000)
+    second = await store.acquire(AcquireRequest((loose, tight), now_ms=clock.ms))
+    assert not second.admitted and second.blocked_by == "bucket" and second.blocked_index == 1
+    assert second.wait_ms == 60_000
+    # The loose bucket was not charged for the refused request.
+    alone = await store.acquire(AcquireRequest((loose,), now_ms=clock.ms))
+    assert alone.debts == (120_000,)
+
+
+async def test_slow_buckets_set_the_wait(store: LimitStore, clock: Clock) -> None:
+    a, b = BucketTake("a:r", Rate(2), 1), BucketTake("b:k", Rate(10), 10)
+    assert (await store.acquire(AcquireRequest((a, a, b), now_ms=clock.ms))).admitted
+    refused = await store.acquire(AcquireRequest((a, b), now_ms=clock.ms))
+    # a: 2 taken, refills one per 30 s; b: 10 of 10 taken, 10 come back in 60 s.
+    assert (refused.blocked_index, refused.wait_ms) == (1, 60_000)
+
+
+async def test_slots_are_leases_that_expire_unless_renewed(store: LimitStore, clock: Clock) -> None:
+    slot = (SlotTake("t:c", 2),)
+    for lease in ("a", "b"):
+        got = await store.acquire(AcquireRequest((), slot, None, lease, 1_000, clock.ms))
+        assert got.admitted
+    full = await store.acquire(AcquireRequest((), slot, None, "c", 1_000, clock.ms))
+    assert (full.admitted, full.blocked_by, full.held) == (False, "slot", (2,))
+    clock.advance(0.9)
+    await store.renew((("t:c", "a"),), 1_000, clock.ms)  # "a" keeps running; "b" crashed
+    clock.advance(0.2)
+    got = await store.acquire(AcquireRequest((), slot, None, "c", 1_000, clock.ms))
+    assert got.admitted and got.held == (2,)  # b expired: its slot came back
+    await store.settle(SettleRequest(releases=("t:c",), lease_id="a", now_ms=clock.ms))
+    got = await store.acquire(AcquireRequest((), slot, None, "d", 1_000, clock.ms))
+    assert got.admitted and got.held == (2,)
+
+
+async def test_money_is_exact_and_carried(store: LimitStore, clock: Clock) -> None:
+    adds = [999_999, 1, 123_456_789_012_345, 7, 10**15 * 3 + 5]
+    spends = []
+    for value in adds:
+        add = UsageAdd("t:u", 60, ((SPEND, value), ("chat:cost$", value), ("chat:n", 1)))
+        answer = await store.settle(SettleRequest(usage=(add,), now_ms=clock.ms))
+        assert answer is not None
+        spends.append(answer[0])
+    assert spends[-1] == sum(adds)
+    assert spends == [sum(adds[: i + 1]) for i in range(len(adds))]
+    record = await store.read_usage("t:u", clock.ms)
+    assert record[SPEND] == record["chat:cost$"] == sum(adds) and record["chat:n"] == 5
+
+
+async def test_budget_gate_refuses_only_when_asked(store: LimitStore, clock: Clock) -> None:
+    add = UsageAdd("t:u", 60, ((SPEND, 1_000),))
+    await store.settle(SettleRequest(usage=(add,), now_ms=clock.ms))
+    bucket = (BucketTake("t:r", Rate(10), 1),)
+
+    def gate(cap: int, refuse: bool) -> AcquireRequest:
+        return AcquireRequest(bucket, budget=BudgetGate("t:u", cap, refuse), now_ms=clock.ms)
+
+    under = await store.acquire(gate(1_001, True))
+    assert under.admitted and under.spend == 1_000
+    at_cap = await store.acquire(gate(1_000, True))
+    assert (at_cap.admitted, at_cap.blocked_by, at_cap.debts) == (False, "budget", (60_000,))
+    report = await store.acquire(gate(1_000, False))
+    assert report.admitted and report.spend == 1_000
