@@ -4,10 +4,14 @@ Lookup order (``ResponseCache.lookup``): exact match on the canonical request, t
 match of the last user message among entries with the same scope and context key:
 
 1. faiss search of the group for the ``top_k`` nearest stored queries above the cosine floor;
-2. the gate (``SemanticGate.choose``): with ``gate=verifier`` the learned verifier scores
-   every candidate and the best one at or above its threshold wins; with ``gate=cosine`` the
-   nearest candidate above the threshold wins;
+2. the gate (``cache.gate.SemanticGate``): with ``gate=verifier`` the learned verifier scores
+   every candidate and the best one at or above its threshold (the calibrated operating point
+   for ``max_false_hit_rate``, or higher where the audit tightened it) wins; with
+   ``gate=cosine`` the nearest candidate above the threshold wins;
 3. the winner's response is read from the store (its scope is checked again there).
+
+Requests whose answer does not generalise (``cache.rules``: tools, the present moment, the
+user's own records) are planned exact-only or left out, as the surface's ``rules`` say.
 
 The cache never fails a request: store errors and time-outs count as misses (``CacheStats``).
 ``cache-eval`` runs exactly this code with an in-memory store.
@@ -26,11 +30,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from cache.index import Candidate, IndexEntry, Vector, VectorIndex
+from cache import rules
+from cache.gate import GateVerdict, SemanticGate
+from cache.index import IndexEntry, Vector, VectorIndex
 from cache.keys import CacheRequest, CacheScope, Endpoint, build_request
 from cache.store import CacheStore, StoreUnavailable
 from cache.verifier import Verifier
-from policies.cache import COSINE_ONLY_DEFAULT_THRESHOLD, CachePolicy, SemanticCacheConfig
+from policies.cache import CachePolicy, SemanticCacheConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +47,9 @@ class CacheHit:
     response: bytes  # the stored OpenAI response JSON (replayed by gateway.stages.cache)
     similarity: float | None = None
     verifier_score: float | None = None
+    threshold: float | None = None  # the verifier threshold the hit passed
+    namespace: str | None = None
+    query_text: str | None = None  # the question it was served to (for the audit)
 
 
 @dataclass(slots=True)
@@ -56,52 +65,22 @@ class CacheStats:
 
 @dataclass(frozen=True, slots=True)
 class CachePlan:
-    """What to do for one request: ``request`` is None when the cache is not involved."""
+    """What to do for one request: ``request`` is None when the cache is not involved;
+    ``semantic`` False: exact matches only; ``rule``: the rule of ``cache.rules`` that
+    restricted it."""
 
     request: CacheRequest | None
     lookup: bool
     fill: bool
     skipped: str | None = None  # why the cache is not involved: temperature, no-cache, no-store
+    semantic: bool = True
+    rule: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class Match:
-    candidate: Candidate
-    verifier_score: float | None
-
-
-class SemanticGate:
-    def __init__(self, verifier: Verifier | None) -> None:
-        self.verifier = verifier
-
-    def floor(self, settings: SemanticCacheConfig) -> float:
-        if settings.threshold is not None:
-            return settings.threshold
-        if settings.gate == "verifier" and self.verifier is not None:
-            return self.verifier.cosine_floor
-        return COSINE_ONLY_DEFAULT_THRESHOLD
-
-    def choose(
-        self, query: str, candidates: list[Candidate], settings: SemanticCacheConfig
-    ) -> Match | None:
-        floor = self.floor(settings)
-        above = [c for c in candidates if c.similarity >= floor]
-        if not above:
-            return None
-        if settings.gate == "cosine" or self.verifier is None:
-            if settings.gate == "verifier":
-                raise RuntimeError("gate=verifier but no verifier is loaded")
-            return Match(max(above, key=lambda c: c.similarity), None)
-        scores = self.verifier.probabilities(
-            [c.text for c in above], [query] * len(above), [c.similarity for c in above]
-        )
-        best = int(np.argmax(scores))
-        threshold = settings.verifier_threshold
-        if threshold is None:
-            threshold = self.verifier.threshold
-        if scores[best] < threshold:
-            return None
-        return Match(above[best], float(scores[best]))
+class LookupResult:
+    hit: CacheHit | None
+    verdict: GateVerdict | None = None  # None: the semantic gate was not consulted
 
 
 def entry_id_for(request: CacheRequest) -> str:
@@ -144,10 +123,10 @@ class SemanticCache:
 
     def find(
         self, request: CacheRequest, embedding: Vector, settings: SemanticCacheConfig
-    ) -> tuple[Match | None, int]:
-        """Blocking search + gate; returns the match and how many candidates were seen."""
+    ) -> GateVerdict:
+        """Blocking search + gate."""
         if request.query_text is None:
-            return None, 0
+            return GateVerdict(0)
         candidates = self.index.search(
             request.scope,
             request.context_key,
@@ -155,27 +134,36 @@ class SemanticCache:
             k=settings.top_k,
             min_similarity=self.gate.floor(settings),
         )
-        return self.gate.choose(request.query_text, candidates, settings), len(candidates)
+        return self.gate.choose(request.query_text, candidates, settings, request.scope.namespace)
 
     async def lookup(
         self, request: CacheRequest, embedding: Vector, settings: SemanticCacheConfig
-    ) -> tuple[CacheHit | None, int]:
+    ) -> tuple[CacheHit | None, GateVerdict]:
         if request.query_text is None:
-            return None, 0
+            return None, GateVerdict(0)
         if self.index.group_size(request.scope, request.context_key) == 0:
-            return None, 0
+            return None, GateVerdict(0)
         loop = asyncio.get_running_loop()
-        match, seen = await loop.run_in_executor(
+        verdict = await loop.run_in_executor(
             self._executor, self.find, request, embedding, settings
         )
-        if match is None:
-            return None, seen
-        found = await self._store.get_response(request.scope, match.candidate.entry_id)
+        winner = verdict.winner
+        if winner is None:
+            return None, verdict
+        found = await self._store.get_response(request.scope, winner.entry_id)
         if found is None or found.scope != request.scope:
-            self.index.remove(match.candidate.entry_id)  # expired or evicted meanwhile
-            return None, seen
-        hit = CacheHit("semantic", found.response, match.candidate.similarity, match.verifier_score)
-        return hit, seen
+            self.index.remove(winner.entry_id)  # expired or evicted meanwhile
+            return None, verdict
+        hit = CacheHit(
+            "semantic",
+            found.response,
+            winner.similarity,
+            verdict.score,
+            verdict.threshold,
+            request.scope.namespace,
+            request.query_text,
+        )
+        return hit, verdict
 
     async def store(
         self,
@@ -250,40 +238,51 @@ class ResponseCache:
         if not (lookup or fill):
             return CachePlan(None, False, False, "no-cache, no-store")
         scope = CacheScope(tenant, model_alias, policy.namespace or surface)
-        return CachePlan(build_request(body, scope, endpoint, query_text), lookup, fill)
+        request = build_request(body, scope, endpoint, query_text)
+        mode, rule = rules.mode_for(policy.rules, rules.fired(body, request.query_text))
+        if mode == "off":
+            return CachePlan(None, False, False, skipped=f"rule:{rule}", semantic=False, rule=rule)
+        return CachePlan(request, lookup, fill, semantic=mode == "semantic", rule=rule)
 
     async def lookup(
         self, plan: CachePlan, policy: CachePolicy, embedding: Vector | None
     ) -> CacheHit | None:
         """Exact, then semantic (when an embedding of the last user message is given)."""
+        return (await self.lookup_detailed(plan, policy, embedding)).hit
+
+    async def lookup_detailed(
+        self, plan: CachePlan, policy: CachePolicy, embedding: Vector | None
+    ) -> LookupResult:
+        """``lookup`` with the semantic gate's verdict (for the request's span)."""
         request = plan.request
         if request is None or not plan.lookup:
-            return None
+            return LookupResult(None)
+        verdict: GateVerdict | None = None
         try:
             if not self.store.available:
                 self.stats.unavailable += 1
-                return None
+                return LookupResult(None)
             if policy.exact:
                 hit = await self.exact.lookup(request)
                 if hit is not None:
                     self.stats.exact_hits += 1
-                    return hit
-            if policy.semantic is not None and embedding is not None:
-                hit, seen = await self.semantic.lookup(request, embedding, policy.semantic)
+                    return LookupResult(hit)
+            if plan.semantic and policy.semantic is not None and embedding is not None:
+                hit, verdict = await self.semantic.lookup(request, embedding, policy.semantic)
                 if hit is not None:
                     self.stats.semantic_hits += 1
-                    return hit
-                if seen:
+                    return LookupResult(hit, verdict)
+                if verdict.candidates:
                     self.stats.gate_rejections += 1
         except StoreUnavailable:
             self.stats.unavailable += 1
-            return None
+            return LookupResult(None, verdict)
         except Exception:
             self.stats.errors += 1
             log.exception("cache lookup failed; treating it as a miss")
-            return None
+            return LookupResult(None, verdict)
         self.stats.misses += 1
-        return None
+        return LookupResult(None, verdict)
 
     async def fill(
         self, plan: CachePlan, policy: CachePolicy, response: bytes, embedding: Vector | None
@@ -295,7 +294,7 @@ class ResponseCache:
         try:
             if policy.exact:
                 await self.exact.store(request, response, policy.exact_ttl)
-            if policy.semantic is not None and embedding is not None:
+            if plan.semantic and policy.semantic is not None and embedding is not None:
                 await self.semantic.store(request, embedding, response, policy.semantic)
             self.stats.stored += 1
         except StoreUnavailable:

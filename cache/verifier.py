@@ -1,29 +1,25 @@
 """Quality gate of the semantic cache: is a stored question's answer right for a new one?
 
-Cosine similarity alone cannot separate paraphrases from near misses (MiniLM on the dev pairs:
-precision 0.92 costs recall 0.29). The gate looks again at every candidate above the policy's
-cosine floor with a small gradient-boosted tree ensemble over pair features:
+Cosine similarity alone cannot separate paraphrases from near misses: negated, reversed or
+re-targeted questions score 0.83-0.99 with MiniLM. The gate looks again at every candidate
+above the cosine floor with a small gradient-boosted tree ensemble over features of the
+*difference* between the two texts (``cache.pairfeatures``: the words that changed, how
+WordNet relates each replaced word to its replacement, numbers, negation, order and swaps)
+and their cosine. Some differences veto a pair outright whatever the model says (listed in
+the artifact's ``vetoes``; a changed number is one): the answer to another number is the
+false hit users notice first.
 
-* the cosine of the two embeddings;
-* word overlap (Jaccard, overlap over the shorter and the longer side), character 3-grams;
-* numbers, negations and capitalised names present on one side only, or substituted (each
-  side has one the other lacks); a number substitution vetoes the pair outright;
-* content words (stopwords removed) present on one side only, per direction;
-* the longest run of consecutive words of one side missing from the other, and the run at
-  its end: near misses in news text typically add a clause ("... until elections are held"),
-  paraphrases reword in place.
+The score threshold is not a constant: ``threshold_for(max_false_hit_rate)`` reads it from the
+calibration table shipped in the artifact (``cache.calibration``), the lowest threshold whose
+out-of-fold false-hit rate, as a one-sided 95% upper bound, stays within the operator's bound.
 
-Element-wise products and differences of the two embeddings were tried: with ~3,000 training
-pairs they overfit and lowered precision (see cache/train_verifier.py). The artifact is JSON:
-the feature names, the trees as flat arrays and the probability threshold chosen by
-cross-validation; inference is pure numpy (all trees walked at once, depth steps).
+The artifact is JSON: the feature names, the trees as flat arrays, the calibration table and
+the out-of-fold figures; inference is pure numpy (all trees walked at once, depth steps).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,232 +28,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cache.calibration import CalibrationTable
+from cache.lexicon import Lexicon
+from cache.pairfeatures import FEATURE_NAMES, feature_matrix
+
 DEFAULT_ARTIFACT = Path(__file__).with_name("artifacts") / "verifier.json"
-
-_WORD = re.compile(r"[A-Za-z]+|\d+(?:[.,]\d+)*")
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
-_NAME = re.compile(r"[A-Za-z][\w'-]*")
-_NEGATION = re.compile(
-    r"\b(?:not|no|never|none|nobody|nothing|neither|nor|without|cannot)\b|n(?:'|\u2019)t\b",
-    re.IGNORECASE,
-)
-_STOPWORDS = frozenset(
-    [
-        "a",
-        "an",
-        "the",
-        "of",
-        "to",
-        "in",
-        "on",
-        "at",
-        "for",
-        "by",
-        "with",
-        "from",
-        "and",
-        "or",
-        "but",
-        "as",
-        "is",
-        "are",
-        "was",
-        "were",
-        "be",
-        "been",
-        "being",
-        "it",
-        "its",
-        "this",
-        "that",
-        "these",
-        "those",
-        "he",
-        "she",
-        "they",
-        "them",
-        "his",
-        "her",
-        "their",
-        "we",
-        "our",
-        "you",
-        "your",
-        "i",
-        "me",
-        "my",
-        "has",
-        "have",
-        "had",
-        "do",
-        "does",
-        "did",
-        "will",
-        "would",
-        "can",
-        "could",
-        "should",
-        "may",
-        "might",
-        "shall",
-        "which",
-        "who",
-        "whom",
-        "whose",
-        "what",
-        "when",
-        "where",
-        "why",
-        "how",
-        "than",
-        "then",
-        "there",
-        "here",
-        "also",
-        "s",
-        "said",
-        "says",
-    ]
-)
-
-FEATURE_NAMES: tuple[str, ...] = (
-    "cosine",
-    "word_jaccard",
-    "word_overlap_min",
-    "word_overlap_max",
-    "char3_jaccard",
-    "number_mismatch",
-    "number_diff_ratio",
-    "has_numbers",
-    "negation_mismatch",
-    "negation_count_diff",
-    "name_diff_ratio",
-    "name_mismatch",
-    "length_ratio",
-    "log_length_diff",
-    "content_only_stored",
-    "content_only_query",
-    "content_only_max",
-    "content_only_min",
-    "content_only_stored_frac",
-    "content_only_query_frac",
-    "content_jaccard",
-    "run_max",
-    "run_min",
-    "content_run_max",
-    "content_run_min",
-    "tail_run_max",
-    "run_query",
-    "content_run_query",
-    "number_substitution",
-    "name_substitution",
-)
-
-# Pairs where each side has a number the other lacks ("4.5 million" vs "9.1 million") are
-# never accepted, whatever the model says: serving the answer to another number is the false
-# hit users notice first. Measured on the dev pairs (cross-validated, cache/train_verifier.py)
-# the veto costs almost no recall.
-VETO_FEATURE = "number_substitution"
-
-
-def _words(text: str) -> list[str]:
-    return [w.lower() for w in _WORD.findall(text)]
-
-
-def _names(text: str) -> set[str]:
-    # Capitalised words after the first: a crude but cheap proper-name detector.
-    words = _NAME.findall(text)
-    return {w.lower() for w in words[1:] if w[0].isupper()}
-
-
-def _char_grams(words: list[str], n: int = 3) -> set[str]:
-    joined = " ".join(words)
-    return {joined[i : i + n] for i in range(max(len(joined) - n + 1, 1))}
-
-
-def _negations(text: str) -> int:
-    return len(_NEGATION.findall(text))
-
-
-def _runs(words: list[str], other: set[str]) -> tuple[int, int, int]:
-    """Longest run of words missing from ``other``, the same counting content words only,
-    and the length of the missing run at the end."""
-    best = current = content_best = content_current = 0
-    for word in words:
-        if word in other:
-            current = content_current = 0
-            continue
-        current += 1
-        best = max(best, current)
-        if word not in _STOPWORDS:
-            content_current += 1
-            content_best = max(content_best, content_current)
-    tail = 0
-    for word in reversed(words):
-        if word in other:
-            break
-        tail += 1
-    return best, content_best, tail
-
-
-def _ratio(num: float, den: float) -> float:
-    return num / den if den else 0.0
-
-
-def pair_features(stored: str, query: str, cosine: float) -> list[float]:
-    """Features of one (stored text, new query) pair, in ``FEATURE_NAMES`` order."""
-    wa, wb = _words(stored), _words(query)
-    sa, sb = set(wa), set(wb)
-    common = len(sa & sb)
-    na = {n.replace(",", "") for n in _NUMBER.findall(stored)}
-    nb = {n.replace(",", "") for n in _NUMBER.findall(query)}
-    ma, mb = _names(stored), _names(query)
-    ga, gb = _char_grams(wa), _char_grams(wb)
-    neg_a, neg_b = _negations(stored), _negations(query)
-    ca = {w for w in sa if w not in _STOPWORDS}
-    cb = {w for w in sb if w not in _STOPWORDS}
-    only_a, only_b = len(ca - cb), len(cb - ca)
-    run_a, content_run_a, tail_a = _runs(wa, sb)
-    run_b, content_run_b, tail_b = _runs(wb, sa)
-    return [
-        cosine,
-        _ratio(common, len(sa | sb)),
-        _ratio(common, min(len(sa), len(sb))),
-        _ratio(common, max(len(sa), len(sb))),
-        _ratio(len(ga & gb), len(ga | gb)),
-        float(na != nb),
-        _ratio(len(na ^ nb), len(na | nb)),
-        float(bool(na or nb)),
-        float(neg_a % 2 != neg_b % 2),
-        float(abs(neg_a - neg_b)),
-        _ratio(len(ma ^ mb), len(ma | mb)),
-        float(ma != mb),
-        _ratio(min(len(wa), len(wb)), max(len(wa), len(wb))),
-        math.log1p(abs(len(wa) - len(wb))),
-        float(only_a),
-        float(only_b),
-        float(max(only_a, only_b)),
-        float(min(only_a, only_b)),
-        _ratio(only_a, len(ca)),
-        _ratio(only_b, len(cb)),
-        _ratio(len(ca & cb), len(ca | cb)),
-        float(max(run_a, run_b)),
-        float(min(run_a, run_b)),
-        float(max(content_run_a, content_run_b)),
-        float(min(content_run_a, content_run_b)),
-        float(max(tail_a, tail_b)),
-        float(run_b),
-        float(content_run_b),
-        float(bool(na - nb) and bool(nb - na)),
-        float(bool(ma - mb) and bool(mb - ma)),
-    ]
-
-
-def feature_matrix(
-    stored: Sequence[str], queries: Sequence[str], cosines: Sequence[float]
-) -> npt.NDArray[np.float64]:
-    rows = [pair_features(a, b, float(c)) for a, b, c in zip(stored, queries, cosines, strict=True)]
-    return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(FEATURE_NAMES))
 
 
 @dataclass(frozen=True)
@@ -266,6 +41,8 @@ class TreeEnsemble:
 
     Node arrays have shape (n_trees, max_nodes); a leaf has feature -1 and points to itself,
     so walking ``depth`` steps from the root lands every sample on its leaf in every tree.
+    ``float32``: compare features in single precision (trees fitted by sklearn's classic
+    GradientBoosting); histogram gradient boosting compares in double precision.
     """
 
     base_score: float
@@ -276,10 +53,13 @@ class TreeEnsemble:
     left: npt.NDArray[np.int64]
     right: npt.NDArray[np.int64]
     value: npt.NDArray[np.float64]
+    float32: bool = True
 
     def decision(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        # The trees were fitted on float32 features: compare in the same precision.
-        x = np.asarray(x, dtype=np.float32).astype(np.float64)
+        if self.float32:
+            x = np.asarray(x, dtype=np.float32).astype(np.float64)
+        else:
+            x = np.asarray(x, dtype=np.float64)
         trees = np.arange(self.feature.shape[0])[None, :]
         samples = np.arange(x.shape[0])[:, None]
         node = np.zeros((x.shape[0], self.feature.shape[0]), dtype=np.int64)
@@ -301,6 +81,7 @@ class TreeEnsemble:
             "left": self.left.tolist(),
             "right": self.right.tolist(),
             "value": [[round(float(v), 6) for v in row] for row in self.value],
+            "float32": self.float32,
         }
 
     @classmethod
@@ -314,44 +95,54 @@ class TreeEnsemble:
             left=np.asarray(data["left"], dtype=np.int64),
             right=np.asarray(data["right"], dtype=np.int64),
             value=np.asarray(data["value"], dtype=np.float64),
+            float32=bool(data.get("float32", True)),
         )
 
 
-def scores_from_features(
-    model: TreeEnsemble, x: npt.NDArray[np.float64]
-) -> npt.NDArray[np.float64]:
-    p = 1.0 / (1.0 + np.exp(-model.decision(x)))
-    return np.where(vetoed(x), 0.0, p)
-
-
-def vetoed(x: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
-    return np.asarray(x[:, FEATURE_NAMES.index(VETO_FEATURE)] > 0)
+DEFAULT_MAX_FALSE_HIT_RATE = 0.01
 
 
 class Verifier:
-    """Scores (stored text, query) pairs; ``accept`` applies the cross-validated threshold."""
+    """Scores (stored text, query) pairs; ``threshold_for`` maps a false-hit bound to a
+    score threshold through the shipped calibration."""
 
     def __init__(
         self,
         model: TreeEnsemble,
-        threshold: float,
+        calibration: CalibrationTable,
         cosine_floor: float,
+        vetoes: Sequence[str] = (),
         metadata: dict[str, Any] | None = None,
     ) -> None:
+        unknown = [v for v in vetoes if v not in FEATURE_NAMES]
+        if unknown:
+            raise ValueError(f"unknown veto features: {unknown}")
         self.model = model
-        self.threshold = threshold
+        self.calibration = calibration
         self.cosine_floor = cosine_floor
+        self.vetoes = tuple(vetoes)
+        self._veto_columns = [FEATURE_NAMES.index(v) for v in self.vetoes]
         self.metadata = metadata or {}
+
+    @property
+    def threshold(self) -> float:
+        """The threshold at the default bound (``DEFAULT_MAX_FALSE_HIT_RATE``)."""
+        return self.threshold_for(DEFAULT_MAX_FALSE_HIT_RATE)
+
+    def threshold_for(self, max_false_hit_rate: float) -> float:
+        return self.calibration.threshold_for(max_false_hit_rate)
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_ARTIFACT) -> Verifier:
         data = json.loads(Path(path).read_text())
         if tuple(data["features"]) != FEATURE_NAMES:
             raise ValueError(f"{path}: features do not match this version's FEATURE_NAMES")
+        Lexicon.shared()  # a loaded gate is ready to score: WordNet is read here, not mid-lookup
         return cls(
             TreeEnsemble.from_json(data["model"]),
-            threshold=float(data["threshold"]),
+            CalibrationTable.from_json(data["calibration"]),
             cosine_floor=float(data["cosine_floor"]),
+            vetoes=data.get("vetoes", []),
             metadata=data.get("metadata", {}),
         )
 
@@ -359,11 +150,21 @@ class Verifier:
         return {
             "kind": "gradient_boosted_trees",
             "features": list(FEATURE_NAMES),
-            "threshold": self.threshold,
             "cosine_floor": self.cosine_floor,
+            "vetoes": list(self.vetoes),
+            "calibration": self.calibration.to_json(),
             "model": self.model.to_json(),
             "metadata": self.metadata,
         }
+
+    def vetoed(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+        if not self._veto_columns:
+            return np.zeros(x.shape[0], dtype=bool)
+        return np.asarray((x[:, self._veto_columns] > 0).any(axis=1))
+
+    def scores_from_features(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        p = 1.0 / (1.0 + np.exp(-self.model.decision(x)))
+        return np.where(self.vetoed(x), 0.0, p)
 
     def probabilities(
         self, stored: Sequence[str], queries: Sequence[str], cosines: Sequence[float]
@@ -371,7 +172,7 @@ class Verifier:
         """The model's probability that the stored answer serves the query; 0 when vetoed."""
         if not stored:
             return np.zeros(0, dtype=np.float64)
-        return scores_from_features(self.model, feature_matrix(stored, queries, cosines))
+        return self.scores_from_features(feature_matrix(stored, queries, cosines))
 
     def score(self, stored: str, query: str, cosine: float) -> float:
         return float(self.probabilities([stored], [query], [cosine])[0])

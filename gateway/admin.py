@@ -1,4 +1,5 @@
-"""The admin endpoints: reload, surfaces and queues, cache purge, usage.
+"""The admin endpoints: reload, surfaces and queues, cache purge, the cache's audit report and
+its thresholds, usage.
 
 Who may call them: with ``server.admin_token_env`` set, whoever sends ``Authorization: Bearer
 <that token>`` (from any address: behind a proxy on the host every caller looks like
@@ -35,6 +36,8 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/admin/surfaces", _surfaces)
     router.add_delete("/admin/cache", _purge_cache)
     router.add_get("/admin/usage", _usage)
+    router.add_get("/admin/cache", _cache_report)
+    router.add_delete("/admin/cache/thresholds", _reset_thresholds)
 
 
 def is_loopback(host: str) -> bool:
@@ -94,6 +97,27 @@ async def _purge_cache(request: web.Request) -> web.Response:
     except StoreUnavailable as exc:
         raise Unavailable("the cache store is unavailable", headers={"Retry-After": "5"}) from exc
     return web.json_response({"purged": removed, "tenant": tenant})
+
+
+async def _cache_report(request: web.Request) -> web.Response:
+    """``GET /admin/cache``: outcomes, the audit (audited and false hits per namespace, their
+    interval, the threshold in force, tightenings, the audit's upstream cost)."""
+    _loopback_only(request)
+    cache = request.app[LIVE].current.cache
+    if cache is None:
+        raise NotFound("no surface of the running policy has a cache")
+    return web.json_response(cache.report())
+
+
+async def _reset_thresholds(request: web.Request) -> web.Response:
+    """``DELETE /admin/cache/thresholds[?namespace=N]``: back to the shipped operating point."""
+    _loopback_only(request)
+    cache = request.app[LIVE].current.cache
+    if cache is None:
+        raise NotFound("no surface of the running policy has a cache")
+    namespace = request.query.get("namespace")
+    cache.cache.semantic.gate.reset(namespace)
+    return web.json_response({"reset": namespace or "all"})
 
 
 async def _reload(request: web.Request) -> web.Response:

@@ -96,7 +96,9 @@ class Orchestrator:
             async with self.limits.limited(call, targets) as quota:
                 lookup = await self.look_up(call)  # exact, then semantic cache
                 if lookup.hit is not None:
-                    return done(await self.serve_cached(call, lookup, quota))
+                    response = done(await self.serve_cached(call, lookup, quota))
+                    self.audit_cache(call, lookup, targets)  # a sampled semantic hit, re-asked
+                    return response
                 # Tiered aliases: small or large, or cascade (a spent budget's downgrade: neither)
                 tier = None if quota.downgraded else await self.choose_tier(call)
                 targets = tier.targets if tier is not None else quota.targets
@@ -209,14 +211,7 @@ class Orchestrator:
             return Lookup(None)
         with call.span.child("gateway.cache.lookup"):
             lookup = await cache.lookup(call, policy)
-        involved = lookup.plan is not None and lookup.plan.request is not None
-        hit = lookup.hit
-        if not involved:
-            call.span.decision({"cache": "skipped"})
-        elif hit is None:
-            call.span.decision({"cache": "miss"})
-        else:
-            call.span.decision({"cache": hit.kind, "cache.similarity": hit.similarity})
+        call.span.decision(lookup.span_attributes())  # outcome, rule, the gate's verdict
         return lookup
 
     async def serve_cached(self, call: Call, lookup: Lookup, quota: Quota) -> Relayed:
@@ -225,6 +220,12 @@ class Orchestrator:
         quota.cache_hit = True  # no upstream tokens, no cost
         plan = self.relay_plan(call, cache_headers(lookup.hit), Watch(), None, quota)
         return await send_answer(call.request, replayed(lookup.hit), plan)
+
+    def audit_cache(self, call: Call, lookup: Lookup, targets: list[Destination]) -> None:
+        """In the background: the question upstream too, to measure the gate's false hits."""
+        cache = call.rt.cache
+        if cache is not None:
+            cache.audit_later(call, lookup, targets, self.opener)
 
     # --- 3. tier ---------------------------------------------------------------------------
 

@@ -8,10 +8,20 @@ cache:
   allow_temperature: false      # cache requests with temperature > 0 too
   semantic:
     gate: verifier              # or "cosine": the threshold alone decides
-    threshold: 0.70             # cosine floor for candidates (default: the artifact's)
+    threshold: 0.50             # cosine floor for candidates (default: the artifact's)
+    max_false_hit_rate: 0.01    # the gate's operating point, from the shipped calibration
+    audit_fraction: 0.02        # share of semantic hits re-asked upstream (0: no audit)
+    audit_per_minute: 30        # at most this many audits a minute (their upstream cost)
     ttl: 3600
     max_entries: 100000
+  rules:                        # answers that do not generalise (cache/rules.py)
+    tools: exact                # requests with tools or tool results: exact-only
+    time: exact                 # "today", "now", "latest", ...: exact-only
+    personal: off               # "my order", "my account balance", ...: not cached at all
 ```
+
+A rule's value is ``semantic`` (the rule is off), ``exact`` (exact matches only: the same
+request within ``exact_ttl``) or ``off`` (the request is neither looked up nor stored).
 """
 
 from __future__ import annotations
@@ -40,6 +50,35 @@ class SemanticCacheConfig(Strict):
         le=1.0,
         description="minimum verifier probability; None takes the one shipped in the artifact",
     )
+    max_false_hit_rate: float = Field(
+        default=0.01,
+        gt=0.0,
+        le=0.5,
+        description="the highest share of different questions the gate may serve another "
+        "question's answer, as the one-sided 95% upper bound measured out of fold on the "
+        "near-miss calibration set; picks the verifier's threshold from the artifact's table "
+        "(ignored when verifier_threshold is set)",
+    )
+    audit_fraction: float = Field(
+        default=0.02,
+        ge=0.0,
+        le=1.0,
+        description="share of semantic hits also sent upstream, in the background after the "
+        "cached answer was served, to measure false hits in production; 0 turns it off",
+    )
+    audit_per_minute: int = Field(
+        default=30,
+        ge=0,
+        le=100_000,
+        description="at most this many audits per minute per gateway (the audit's upstream cost)",
+    )
+    audit_min_similarity: float = Field(
+        default=0.8,
+        gt=0.0,
+        le=1.0,
+        description="cosine of the two answers' embeddings below which an audited hit counts "
+        "as a false hit (short or structured answers are compared exactly)",
+    )
     ttl: int = Field(default=3600, gt=0, description="seconds an entry lives")
     max_entries: int = Field(
         default=100_000, gt=0, description="per scope; the entries closest to expiry go first"
@@ -47,10 +86,37 @@ class SemanticCacheConfig(Strict):
     top_k: int = Field(default=4, ge=1, le=64, description="candidates the gate examines")
 
 
+RuleMode = Literal["semantic", "exact", "off"]
+
+
+class CacheRules(Strict):
+    """What happens to requests whose answer does not carry over to another request."""
+
+    tools: RuleMode = Field(
+        default="exact",
+        description="requests offering tools, or carrying tool calls or results",
+    )
+    time: RuleMode = Field(
+        default="exact",
+        description="requests about the present moment: today, now, latest, current, ...",
+    )
+    personal: RuleMode = Field(
+        default="off",
+        description="requests about the user's own records: my order, my account balance, ...",
+    )
+
+    @field_validator("tools", "time", "personal", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `off` as false: take it as the word it was meant to be.
+        return "off" if value is False else value
+
+
 class CachePolicy(Strict):
     exact: bool = True
     exact_ttl: int = Field(default=3600, gt=0)
     semantic: SemanticCacheConfig | None = None
+    rules: CacheRules = Field(default_factory=CacheRules)
     namespace: str | None = Field(
         default=None, min_length=1, max_length=128, description="default: the surface's name"
     )

@@ -1,4 +1,2 @@
-"""Offline tools of the semantic cache: training the verifier, evaluation on labelled pairs.
-
-Nothing the gateway serves with imports this package (an import-linter contract in `make lint`).
-"""
+"""Offline tools of the semantic cache: training data, the gate's training, calibration and
+evaluation (``cache-eval``). Nothing here is imported by what ``llm-gateway serve`` imports."""

@@ -6,6 +6,12 @@ for this request), as JSON or as the SSE chunks of ``gateway.protocol.answers``.
 background tasks after the response, off the request's time budget, and only for complete,
 successful answers (a stream is stored only when it ended with ``[DONE]`` and every choice
 finished). The cache packages are imported only when a policy asks for a cache.
+
+The audit (``cache.audit``): a sampled share of semantic hits is asked upstream again, in the
+background after the cached answer was sent, as one non-streamed request through the same
+attempt machinery (router, retries, fallbacks) without the caller's deadline; the two answers
+are compared and the namespace's false-hit estimate updated, and its threshold raised when
+the estimate's upper bound exceeds the surface's ``max_false_hit_rate``.
 """
 
 from __future__ import annotations
@@ -13,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.call import Call
@@ -28,7 +35,10 @@ from gateway.protocol.openai import Endpoint
 from gateway.protocol.sse import DONE, EventSplitter, payloads
 
 if TYPE_CHECKING:
+    from cache.audit import AuditBook
     from cache.semantic import CacheHit, CachePlan, ResponseCache
+    from gateway.runtime import Destination
+    from gateway.upstream.attempts import AttemptOpener
     from policies.cache import CachePolicy, CacheStoreConfig
 
 log = logging.getLogger("llm_gateway.cache")
@@ -132,22 +142,59 @@ def cache_state(lookup: Lookup) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """What the cache stage found: ``hit`` ends the request; ``plan`` says whether to fill."""
+    """What the cache stage found: ``hit`` ends the request; ``plan`` says whether to fill;
+    ``gate``: the semantic gate's verdict, for the span."""
 
     plan: CachePlan | None
     hit: CacheHit | None = None
+    gate: Any = None  # cache.gate.GateVerdict (the cache package loads only with a cache)
+
+    def span_attributes(self) -> dict[str, Any]:
+        """``gateway.cache.*`` attributes: the outcome, the rule, the gate's verdict."""
+        plan, hit, gate = self.plan, self.hit, self.gate
+        attrs: dict[str, Any] = {}
+        if plan is not None and plan.rule is not None:
+            attrs["cache.rule"] = plan.rule
+            attrs["cache.mode"] = "exact" if plan.request is not None else "off"
+        if plan is None or plan.request is None:
+            attrs["cache"] = "skipped"
+            return attrs
+        attrs["cache"] = "miss" if hit is None else hit.kind
+        if gate is not None and gate.candidates:
+            attrs["cache.gate"] = "accepted" if gate.accepted else "rejected"
+            attrs["cache.candidates"] = gate.candidates
+            attrs["cache.similarity"] = _round(gate.similarity)
+            attrs["cache.verifier_score"] = _round(gate.score)
+            attrs["cache.threshold"] = _round(gate.threshold)
+        elif hit is not None:
+            attrs["cache.similarity"] = _round(hit.similarity)
+        return {k: v for k, v in attrs.items() if v is not None}
 
     @property
     def fills(self) -> bool:
         return self.plan is not None and self.plan.request is not None and self.plan.fill
 
 
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
 class CacheStage:
-    def __init__(self, cache: ResponseCache, config: CacheStoreConfig, redis_url: str | None):
+    def __init__(
+        self,
+        cache: ResponseCache,
+        config: CacheStoreConfig,
+        redis_url: str | None,
+        audits: AuditBook | None = None,
+    ):
+        from cache.audit import AuditBook
+
         self.cache = cache
         self.config = config  # what it was opened with: a reload with the same keeps it
         self.redis_url = redis_url
         self.timeout_s = config.timeout_ms / 1000
+        self.audits = audits or AuditBook()
+        self._random = random.Random()
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -193,8 +240,10 @@ class CacheStage:
             return Lookup(plan)
         try:
             async with asyncio.timeout(self.timeout_s + 0.5):
-                vector = await call.query.vector() if policy.semantic is not None else None
-                return Lookup(plan, await self.cache.lookup(plan, policy, vector))
+                semantic = policy.semantic is not None and plan.semantic
+                vector = await call.query.vector() if semantic else None
+                found = await self.cache.lookup_detailed(plan, policy, vector)
+                return Lookup(plan, found.hit, found.verdict)
         except TimeoutError:
             self.cache.stats.unavailable += 1
             return Lookup(plan)
@@ -218,10 +267,51 @@ class CacheStage:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def audit_later(
+        self, call: Call, lookup: Lookup, targets: list[Destination], opener: AttemptOpener
+    ) -> None:
+        """Ask a sampled semantic hit's question upstream too, after the answer was sent."""
+        hit, policy = lookup.hit, call.plan.cache
+        if hit is None or hit.kind != "semantic" or policy is None or policy.semantic is None:
+            return
+        settings = policy.semantic
+        if settings.gate != "verifier":
+            return  # the audit measures (and tightens) the learned gate
+        if settings.audit_fraction <= 0 or self._random.random() >= settings.audit_fraction:
+            return
+        if not self.audits.take(settings.audit_per_minute, time.monotonic()):
+            return
+        from gateway.stages.audit import audit
+
+        work = audit(self.cache, self.audits, call, hit, settings, targets, opener)
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def report(self) -> dict[str, Any]:
+        """What ``GET /admin/cache`` shows: outcomes, audits, thresholds per namespace."""
+        stats = self.cache.stats
+        return {
+            "stats": {name: getattr(stats, name) for name in _STATS},
+            "audit": self.audits.summary(),
+            "tightened_thresholds": self.cache.semantic.gate.tightened(),
+        }
+
     async def drain(self) -> None:
         """Wait for pending fills (tests, shutdown)."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+_STATS = (
+    "exact_hits",
+    "semantic_hits",
+    "misses",
+    "gate_rejections",
+    "unavailable",
+    "stored",
+    "errors",
+)
 
 
 class CacheCollector(Collector):
@@ -230,21 +320,54 @@ class CacheCollector(Collector):
     def __init__(self, stage: Callable[[], CacheStage | None]) -> None:
         self._stage = stage
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         stage = self._stage()
         family = CounterMetricFamily(
             "llm_gateway_cache_events", "Semantic cache outcomes", labels=["event"]
         )
+        audits = CounterMetricFamily(
+            "llm_gateway_cache_audits",
+            "Semantic hits audited upstream, by namespace and outcome",
+            labels=["namespace", "outcome"],
+        )
+        cost = CounterMetricFamily(
+            "llm_gateway_cache_audit_requests",
+            "Audit requests sent upstream, skipped over audit_per_minute, failed",
+            labels=["event"],
+        )
+        tokens = CounterMetricFamily(
+            "llm_gateway_cache_audit_tokens", "Upstream tokens the audits cost"
+        )
+        upper = GaugeMetricFamily(
+            "llm_gateway_cache_false_hit_upper",
+            "One-sided 95% upper bound of the audited false-hit rate, per namespace",
+            labels=["namespace"],
+        )
+        threshold = GaugeMetricFamily(
+            "llm_gateway_cache_gate_threshold",
+            "Verifier threshold in force at the last audited hit, per namespace",
+            labels=["namespace"],
+        )
         if stage is not None:
             stats = stage.cache.stats
-            for name in (
-                "exact_hits",
-                "semantic_hits",
-                "misses",
-                "gate_rejections",
-                "unavailable",
-                "stored",
-                "errors",
-            ):
+            for name in _STATS:
                 family.add_metric([name], float(getattr(stats, name)))
+            book = stage.audits
+            for namespace, state in book.namespaces.items():
+                agreed = state.audited - state.false_hits
+                audits.add_metric([namespace, "same_answer"], float(agreed))
+                audits.add_metric([namespace, "false_hit"], float(state.false_hits))
+                summary = state.summary()
+                upper.add_metric([namespace], float(summary["upper95"]))
+                if state.threshold is not None:
+                    threshold.add_metric([namespace], state.threshold)
+            cost.add_metric(["sent"], float(book.sent))
+            cost.add_metric(["skipped"], float(book.skipped))
+            cost.add_metric(["failed"], float(book.failed))
+            tokens.add_metric([], float(book.tokens))
         yield family
+        yield audits
+        yield cost
+        yield tokens
+        yield upper
+        yield threshold

@@ -1,30 +1,23 @@
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from cache.verifier import DEFAULT_ARTIFACT, FEATURE_NAMES, TreeEnsemble, Verifier, pair_features
+from cache.calibration import CalibrationTable
+from cache.pairfeatures import FEATURE_NAMES
+from cache.training.data import paraphrase_file
+from cache.training.pairs import read_pairs
+from cache.verifier import DEFAULT_ARTIFACT, TreeEnsemble, Verifier
 
 
-def test_features_have_the_declared_length_and_catch_mismatches() -> None:
-    f = dict(
-        zip(
-            FEATURE_NAMES,
-            pair_features("He paid 5 dollars.", "He paid 7 dollars.", 0.9),
-            strict=True,
-        )
-    )
-    assert len(f) == len(FEATURE_NAMES)
-    assert f["number_mismatch"] == 1.0
-    g = dict(zip(FEATURE_NAMES, pair_features("It is safe.", "It is not safe.", 0.9), strict=True))
-    assert g["negation_mismatch"] == 1.0
-    h = dict(zip(FEATURE_NAMES, pair_features("Ask Alice now.", "Ask Bob now.", 0.9), strict=True))
-    assert h["name_mismatch"] == 1.0
-    same = dict(zip(FEATURE_NAMES, pair_features("a b c", "a b c", 1.0), strict=True))
-    assert same["word_jaccard"] == 1.0 and same["run_max"] == 0.0
+@pytest.fixture(scope="module")
+def verifier() -> Verifier:
+    return Verifier.load()
 
 
 def test_tree_walk_matches_a_hand_built_tree() -> None:
@@ -38,24 +31,88 @@ def test_tree_walk_matches_a_hand_built_tree() -> None:
         left=np.array([[1, 1, 2], [0, 1, 2]]),
         right=np.array([[2, 1, 2], [0, 1, 2]]),
         value=np.array([[0, -1.0, 2.0], [1.0, 0, 0]]),
+        float32=False,
     )
     out = ens.decision(np.array([[0.2], [0.9]]))
     assert out == pytest.approx([0.5 + 0.1 * (-1 + 1), 0.5 + 0.1 * (2 + 1)])
-    assert TreeEnsemble.from_json(json.loads(json.dumps(ens.to_json()))).decision(
-        np.array([[0.9]])
-    ) == pytest.approx([0.8])
+    again = TreeEnsemble.from_json(json.loads(json.dumps(ens.to_json())))
+    assert again.decision(np.array([[0.9]])) == pytest.approx([0.8]) and not again.float32
 
 
-def test_shipped_artifact_is_small_and_consistent() -> None:
-    assert DEFAULT_ARTIFACT.stat().st_size < 200_000
-    v = Verifier.load()
-    assert 0.5 < v.threshold < 1.0
-    assert 0.0 < v.cosine_floor < 1.0
-    estimate = v.metadata["nested_cv_estimate"]["verifier"]
-    assert estimate["precision"] >= 0.97 and estimate["recall"] >= 0.30
-    p_same = v.score("How do I reset my password?", "How can I reset my password?", 0.97)
-    p_num = v.score("Shares rose 5 percent to $12.40.", "Shares rose 9 percent to $31.10.", 0.97)
-    assert p_same > p_num
+def test_shipped_artifact_is_small_and_consistent(verifier: Verifier) -> None:
+    assert DEFAULT_ARTIFACT.stat().st_size < 600_000
+    assert 0.0 < verifier.cosine_floor < 1.0
+    assert set(verifier.vetoes) <= set(FEATURE_NAMES) and verifier.vetoes
+    # A tighter bound never lowers the threshold.
+    bounds = [0.05, 0.02, 0.01, 0.0076]
+    thresholds = [verifier.threshold_for(b) for b in bounds]
+    assert thresholds == sorted(thresholds)
+    assert verifier.threshold == verifier.threshold_for(0.01) <= 1.0
+
+
+def test_gate_on_crafted_pairs(verifier: Verifier) -> None:
+    t = verifier.threshold
+    same = verifier.score("Why isn't my VPN connecting?", "Why is my VPN not connecting?", 0.98)
+    typo = verifier.score("How do I reset my password?", "how do i rest my pasword", 0.9)
+    fronted = verifier.score(
+        "In Excel, how do I freeze the top row?", "How do I freeze the top row in Excel?", 0.99
+    )
+    assert same >= t and fronted >= t
+    # Vetoed outright: an antonym, another number, a swap around a pivot, another unit.
+    for a, b in [
+        (
+            "How do I enable two-factor authentication?",
+            "How do I disable two-factor authentication?",
+        ),
+        ("Who won the World Cup in 2014?", "Who won the World Cup in 2018?"),
+        ("Convert 3 feet to meters", "Convert 3 meters to feet"),
+        ("What's 5 miles in kilometers?", "What's 5 miles in meters?"),
+    ]:
+        assert verifier.score(a, b, 0.97) == 0.0, (a, b)
+    # Not vetoed, but below the threshold: another spoon, another audience.
+    for a, b in [
+        ("How much is 2 teaspoons of butter in grams?", "How much is 2 tablespoons of butter?"),
+        ("Vitamin D dose for adults?", "Vitamin D dose for children?"),
+    ]:
+        assert verifier.score(a, b, 0.95) < t, (a, b)
+    assert typo > verifier.score(
+        "What is the boiling point of water?", "What is the freezing point of water?", 0.9
+    )
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_artifact_reproduces_its_out_of_fold_figures(verifier: Verifier) -> None:
+    """The calibration table and the recorded figures follow from the stored out-of-fold
+    scores and the dev files' labels: nothing in the artifact was edited by hand."""
+    meta: dict[str, Any] = verifier.metadata
+    for name, digest in meta["data_sha256"].items():
+        assert _sha(paraphrase_file(name)) == digest, f"{name} changed since training"
+    near = read_pairs(paraphrase_file("pairs_nearmiss_dev.tsv"))
+    dev = read_pairs(paraphrase_file("pairs_dev.tsv"))
+    scores = meta["out_of_fold_scores"]
+    per_split = np.array([scores[f"nearmiss_{s}"] for s in meta["calibrated_on"]])
+    labels = np.array([p.label for p in near])
+    worst = np.where(labels == 0, per_split.max(axis=0), per_split.min(axis=0))
+    thresholds = [row.threshold for row in verifier.calibration.rows]
+    table = CalibrationTable.from_scores(worst.tolist(), labels.tolist(), thresholds)
+    assert table == verifier.calibration
+    threshold = verifier.threshold
+    for split, recorded in meta["out_of_fold_at_default"].items():
+        assert recorded["threshold"] == threshold
+        oof = scores[f"nearmiss_{split}"]
+        hits = [s >= threshold for s in oof]
+        false_hits = sum(h for h, p in zip(hits, near, strict=True) if p.label == 0)
+        assert recorded["nearmiss"]["false_hit_rate"]["hits"] == false_hits, split
+        for source, figure in recorded["nearmiss"]["by_source"].items():
+            n = sum(h for h, p in zip(hits, near, strict=True) if p.source == source)
+            assert figure["hits"] == n, (split, source)
+    dev_hits = [p.label for p, s in zip(dev, scores["dev_topic"], strict=True) if s >= threshold]
+    recorded_dev = meta["out_of_fold_at_default"]["topic"]["dev"]
+    assert recorded_dev["precision"]["n"] == len(dev_hits)
+    assert recorded_dev["precision"]["hits"] == sum(dev_hits)
 
 
 def test_artifact_with_other_features_is_refused(tmp_path: Path) -> None:
@@ -64,4 +121,9 @@ def test_artifact_with_other_features_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "v.json"
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="features"):
+        Verifier.load(path)
+    data = json.loads(DEFAULT_ARTIFACT.read_text())
+    data["vetoes"] = ["no_such_feature"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="veto"):
         Verifier.load(path)

@@ -186,7 +186,8 @@ async def test_semantic_hit_on_a_paraphrase_and_not_on_a_different_number(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
     up = await make_fake()
-    gw = await make_gateway(policy(up.url, {"exact": True, "semantic": {}}))
+    # No audit: it would ask upstream again for a sampled 2% of semantic hits.
+    gw = await make_gateway(policy(up.url, {"exact": True, "semantic": {"audit_fraction": 0}}))
     await ask(gw, messages=[{"role": "user", "content": "How do I reset my password?"}])
     raw = await gw.client.chat.completions.with_raw_response.create(
         model="m",

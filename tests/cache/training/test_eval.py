@@ -16,7 +16,7 @@ TSV = (
     "source\tlabel\ttext_a\ttext_b\n"
     "s1\t1\thow do I reset my password\thow do I reset my password please\n"
     "s1\t0\twhat is the price of gold\twhat is the price of silver\n"
-    "s2\t1\twhere is my order\twhere is my order\n"
+    "s2\t1\twhere is the nearest station\twhere is the nearest station\n"
     "s2\t0\tbook a flight to rome\tcancel my gym membership\n"
 )
 

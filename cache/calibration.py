@@ -1,0 +1,114 @@
+"""The gate's operating point: from an operator's bound on false hits to a score threshold.
+
+Training (``cache.training.train_gate``) scores every labelled dev pair with a model that
+never saw it (out-of-fold, topics kept apart), and ships a table in the artifact: for each
+candidate threshold, how many near-miss pairs (label 0) would have been served (false hits)
+out of how many, and how many same-meaning pairs would have hit. The false-hit rate of a
+threshold is then stated as the upper end of a one-sided Wilson score interval at 95%
+confidence, not as the raw count, so a small calibration set cannot promise more than it
+measured (0 false hits in 360 pairs still says "at most 0.75%").
+
+``CalibrationTable.threshold_for(max_false_hit_rate)`` returns the lowest threshold whose
+upper bound is within the operator's bound; when none is, the gate accepts nothing
+(threshold above 1) rather than promise a rate it cannot back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+Z_ONE_SIDED_95 = 1.6448536269514722
+Z_TWO_SIDED_95 = 1.959963984540054
+NEVER = 1.01  # a threshold no score reaches
+
+
+def wilson(successes: int, n: int, z: float = Z_TWO_SIDED_95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (Wilson 1927)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def wilson_upper(successes: int, n: int, z: float = Z_ONE_SIDED_95) -> float:
+    return wilson(successes, n, z)[1]
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationRow:
+    threshold: float
+    false_hits: int  # near-miss pairs (label 0) accepted
+    negatives: int
+    true_hits: int  # same-meaning pairs (label 1) accepted
+    positives: int
+
+    @property
+    def false_hit_rate(self) -> float:
+        return self.false_hits / self.negatives if self.negatives else 0.0
+
+    @property
+    def false_hit_upper(self) -> float:
+        return wilson_upper(self.false_hits, self.negatives)
+
+    @property
+    def recall(self) -> float:
+        return self.true_hits / self.positives if self.positives else 0.0
+
+    def as_list(self) -> list[float | int]:
+        return [self.threshold, self.false_hits, self.negatives, self.true_hits, self.positives]
+
+
+@dataclass(frozen=True)
+class CalibrationTable:
+    rows: tuple[CalibrationRow, ...]  # increasing threshold
+
+    @classmethod
+    def from_scores(
+        cls,
+        scores: Sequence[float],
+        labels: Sequence[int],
+        thresholds: Sequence[float],
+    ) -> CalibrationTable:
+        rows = []
+        negatives = sum(1 for y in labels if y == 0)
+        positives = len(labels) - negatives
+        for t in sorted(thresholds):
+            fh = sum(1 for s, y in zip(scores, labels, strict=True) if y == 0 and s >= t)
+            th = sum(1 for s, y in zip(scores, labels, strict=True) if y == 1 and s >= t)
+            rows.append(CalibrationRow(round(float(t), 4), fh, negatives, th, positives))
+        return cls(tuple(rows))
+
+    def threshold_for(self, max_false_hit_rate: float) -> float:
+        for row in self.rows:
+            if row.false_hit_upper <= max_false_hit_rate:
+                return row.threshold
+        return NEVER
+
+    def row_at(self, threshold: float) -> CalibrationRow | None:
+        for row in self.rows:
+            if row.threshold >= threshold:
+                return row
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "columns": ["threshold", "false_hits", "negatives", "true_hits", "positives"],
+            "rows": [r.as_list() for r in self.rows],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CalibrationTable:
+        rows = tuple(
+            CalibrationRow(float(t), int(fh), int(n), int(th), int(p))
+            for t, fh, n, th, p in data["rows"]
+        )
+        if any(a.threshold >= b.threshold for a, b in pairwise(rows)):
+            raise ValueError("calibration rows must have increasing thresholds")
+        return cls(rows)

@@ -1,0 +1,255 @@
+"""Align two requests word by word and describe what differs between them.
+
+Near misses ("enable" -> "disable two-factor authentication", "from USD to CAD" -> "from CAD
+to USD", "for adults" -> "for children") differ from their stored question in one to three
+words; paraphrases either reword freely or change only the surface (case, contractions,
+typos, a synonym, a moved clause). So the gate looks at the difference itself:
+
+1. Tokens are normalised: lower case, contractions expanded ("don't" -> "do not"), number
+   words turned into digits, and each word keyed by its WordNet base form ("files" -> "file",
+   "succeeded" -> "succeed") so inflection is not a change.
+2. Words present on one side only are matched again as typos (one or two edits, when at least
+   one of the two is not a dictionary word) or as split/joined compounds ("setup"/"set up").
+3. The keys are aligned (longest matching blocks, ``difflib``); words deleted in one place and
+   inserted in another are moves, not changes; a replaced span pairs its words as
+   substitutions.
+4. The order of the words both sides share is read as blocks: a clause moved to the front is
+   two blocks swapped; "X to Y" -> "Y to X" is a swap around a pivot word that stays between
+   them (a role reversal), unless the pivot is "and"/"or" (a symmetric swap).
+
+``PairDiff`` carries the result; ``cache.pairfeatures`` turns it into numbers.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from cache.lexicon import Lexicon
+from cache.words import (
+    DETERMINER,
+    RELATION,
+    SYMMETRIC_PIVOTS,
+    Token,
+    edit_distance,
+    prefix_contrast,
+    tokenize,
+)
+
+
+@dataclass
+class PairDiff:
+    a: list[Token]
+    b: list[Token]
+    deleted: list[Token] = field(default_factory=list)  # in a only
+    inserted: list[Token] = field(default_factory=list)  # in b only
+    substituted: list[tuple[Token, Token]] = field(default_factory=list)
+    moved: list[Token] = field(default_factory=list)  # tokens of a found elsewhere in b
+    typos: int = 0
+    compounds: int = 0
+    surface_changes: int = 0  # aligned words equal only after normalisation
+    blocks: int = 1  # runs of shared words in the same relative order
+    min_block: int = 0  # words in the shortest block (0: one block)
+    moved_block_relation: bool = False  # a moved block starts with a preposition
+    pivot_swaps: int = 0  # X p Y -> Y p X, p not symmetric
+    symmetric_swaps: int = 0  # X and Y -> Y and X
+    content_inversions: int = 0  # pairs of content words whose order flipped
+    runs: int = 1  # runs of shared words that stay adjacent (a fronted clause: 2)
+
+
+def _is_typo(x: str, y: str, lexicon: Lexicon) -> bool:
+    # Short words are too often distinct acronyms or units ("CSV"/"TSV", "TB"/"TiB").
+    if not (x.isalpha() and y.isalpha()) or min(len(x), len(y)) < 4:
+        return False
+    if lexicon.known(x) and lexicon.known(y):
+        return False  # two real words: a substitution, never a typo
+    if prefix_contrast(x, y):
+        return False  # "subscribe" / "unsubscribe": an opposite, not a typo
+    limit = 1 if min(len(x), len(y)) < 6 else 2
+    return edit_distance(x, y, limit) <= limit
+
+
+def _rekey(a: list[Token], b: list[Token], lexicon: Lexicon, diff: PairDiff) -> list[Token]:
+    """Give b's typos and split/joined compounds the keys of their counterparts in a."""
+    keys_a = {t.key for t in a}
+    keys_b = {t.key for t in b}
+    only_a = [t for t in a if t.key not in keys_b and t.is_content]
+    out = list(b)
+    i = 0
+    while i < len(out):
+        tok = out[i]
+        if tok.key in keys_a:
+            i += 1
+            continue
+        if i + 1 < len(out):
+            joined = tok.norm + out[i + 1].norm
+            partner = next((t for t in only_a if t.norm == joined), None)
+            if partner is not None:
+                out[i] = Token(tok.surface, tok.norm, partner.key, tok.position, tok.capitalised)
+                out.pop(i + 1)
+                diff.compounds += 1
+                i += 1
+                continue
+        split = _split_compound(tok, a)
+        if split is not None:
+            out[i : i + 1] = split
+            diff.compounds += 1
+            i += len(split)
+            continue
+        if tok.is_content and not tok.surface.isupper():
+            partner = next(
+                (
+                    t
+                    for t in only_a
+                    if not t.surface.isupper() and _is_typo(t.norm, tok.norm, lexicon)
+                ),
+                None,
+            )
+            if partner is not None:
+                out[i] = Token(tok.surface, tok.norm, partner.key, tok.position, tok.capitalised)
+                only_a.remove(partner)
+                diff.typos += 1
+        i += 1
+    return out
+
+
+def _split_compound(tok: Token, a: list[Token]) -> list[Token] | None:
+    for j in range(len(a) - 1):
+        if a[j].norm + a[j + 1].norm == tok.norm and a[j].norm and a[j + 1].norm:
+            return [
+                Token(tok.surface, a[j].norm, a[j].key, tok.position, tok.capitalised),
+                Token(tok.surface, a[j + 1].norm, a[j + 1].key, tok.position, tok.capitalised),
+            ]
+    return None
+
+
+@lru_cache(maxsize=16384)
+def _shared_tokens(text: str) -> tuple[Token, ...]:
+    return tuple(tokenize(text, Lexicon.shared()))
+
+
+def _tokens(text: str, lexicon: Lexicon) -> list[Token]:
+    """Tokens of a text; with the process's lexicon, remembered (stored questions recur)."""
+    if lexicon is Lexicon.shared():
+        return list(_shared_tokens(text))
+    return tokenize(text, lexicon)
+
+
+def align(stored: str, query: str, lexicon: Lexicon) -> PairDiff:
+    a = _tokens(stored, lexicon)
+    b0 = _tokens(query, lexicon)
+    diff = PairDiff(a, b0)
+    b = _rekey(a, b0, lexicon, diff)
+    diff.b = b
+    ka, kb = [t.key for t in a], [t.key for t in b]
+    matcher = difflib.SequenceMatcher(None, ka, kb, autojunk=False)
+    deleted: list[Token] = []
+    inserted: list[Token] = []
+    replaced: list[tuple[list[Token], list[Token]]] = []
+    pairs: list[tuple[int, int]] = []  # (index in a, index in b) of the same word
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            pairs.extend(zip(range(i1, i2), range(j1, j2), strict=True))
+            diff.surface_changes += sum(
+                a[i].norm != b[j].norm for i, j in zip(range(i1, i2), range(j1, j2), strict=True)
+            )
+        elif op == "delete":
+            deleted.extend(a[i1:i2])
+        elif op == "insert":
+            inserted.extend(b[j1:j2])
+        else:
+            replaced.append((a[i1:i2], b[j1:j2]))
+    # Moves: a word deleted here and inserted there is the same word, displaced.
+    for span_a, span_b in replaced:
+        deleted.extend(span_a)
+        inserted.extend(span_b)
+    index_a = {id(t): i for i, t in enumerate(a)}
+    index_b = {id(t): j for j, t in enumerate(b)}
+    pool: dict[str, list[Token]] = {}
+    for t in inserted:
+        pool.setdefault(t.key, []).append(t)
+    kept_deleted: list[Token] = []
+    for t in deleted:
+        twins = pool.get(t.key)
+        if twins:
+            twin = twins.pop(0)
+            pairs.append((index_a[id(t)], index_b[id(twin)]))
+            diff.moved.append(t)
+        else:
+            kept_deleted.append(t)
+    moved_keys = [t.key for t in diff.moved]
+    kept_inserted: list[Token] = []
+    for t in inserted:
+        if t.key in moved_keys:
+            moved_keys.remove(t.key)
+        else:
+            kept_inserted.append(t)
+    diff.deleted, diff.inserted = _pair_substitutions(kept_deleted, kept_inserted, diff)
+    _order(diff, sorted(pairs))
+    return diff
+
+
+def _pair_substitutions(
+    deleted: list[Token], inserted: list[Token], diff: PairDiff
+) -> tuple[list[Token], list[Token]]:
+    """Pair leftover words of a with those of b in reading order, like with like."""
+    rest_a: list[Token] = []
+    pending = list(inserted)
+    for t in deleted:
+        partner = next(
+            (u for u in pending if u.is_content == t.is_content and u.is_number == t.is_number),
+            None,
+        )
+        if partner is None:
+            rest_a.append(t)
+        else:
+            pending.remove(partner)
+            diff.substituted.append((t, partner))
+    return rest_a, pending
+
+
+def _order(diff: PairDiff, pos_in_b: list[tuple[int, int]]) -> None:
+    """Blocks, swaps and inversions of the words both sides share (aligned or moved)."""
+    if len(pos_in_b) < 2:
+        return
+    seq = [j for _, j in pos_in_b]
+    rank = {j: r for r, j in enumerate(sorted(seq))}
+    ranks = [rank[j] for j in seq]
+    diff.runs = 1 + sum(1 for k in range(1, len(ranks)) if ranks[k] != ranks[k - 1] + 1)
+    runs: list[list[int]] = [[0]]
+    for k in range(1, len(seq)):
+        if seq[k] > seq[k - 1]:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    diff.blocks = len(runs)
+    if len(runs) > 1:
+        diff.min_block = min(len(r) for r in runs)
+        for run in runs[1:]:
+            first = diff.a[pos_in_b[run[0]][0]]
+            if first.norm in RELATION:
+                diff.moved_block_relation = True
+        first_run = diff.a[pos_in_b[runs[0][0]][0]]
+        if first_run.norm in RELATION and len(runs) == 2:
+            diff.moved_block_relation = True
+    content = [(i, j) for i, j in pos_in_b if diff.a[i].is_content]
+    fronting = diff.runs == 2  # one clause moved to the other end: no pivot can lie between
+    for x in range(len(content)):
+        for y in range(x + 1, len(content)):
+            (ia, ja), (ib, jb) = content[x], content[y]
+            if ja <= jb:
+                continue
+            diff.content_inversions += 1
+            between_a = {k for k, _ in pos_in_b if ia < k < ib}
+            between_b = {i for i, j in pos_in_b if jb < j < ja}
+            pivots = between_a & between_b
+            if not pivots or fronting:
+                continue
+            words = {diff.a[k].norm for k in pivots}
+            if words & SYMMETRIC_PIVOTS and all(
+                w in SYMMETRIC_PIVOTS or w in DETERMINER for w in words
+            ):
+                diff.symmetric_swaps += 1
+            else:
+                diff.pivot_swaps += 1

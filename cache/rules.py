@@ -1,0 +1,100 @@
+"""Requests whose answer does not carry over to another request: exact-only or not cached.
+
+A semantic hit serves one user's answer to another user's similar question. That is right
+only when the answer depends on the question alone. Three documented rules catch requests
+whose answer depends on something else; each is set per surface (``cache.rules`` in the
+policy: ``semantic`` turns the rule off, ``exact`` allows exact matches only, ``off`` keeps the
+request out of the cache):
+
+* ``tools``: the request offers tools or functions, or the conversation carries tool calls
+  or tool results: the answer depends on what the tools returned (default ``exact``);
+* ``time``: the user's text asks about the present ("today", "tonight", "now", "right now",
+  "currently", "current", "latest", "recent(ly)", "this week/month/year/weekend",
+  "yesterday", "tomorrow", "up to date", "as of"): the answer ages (default ``exact``, whose
+  ``exact_ttl`` is the operator's statement of how long an answer stays good);
+* ``personal``: the user's text asks about their own records: "my" followed within two words by a record noun (account, order, balance, bill,
+  payment, subscription, booking, reservation, delivery, package, refund, calendar, inbox,
+  appointment, ...), unless the request asks how to do something ("how do I ...", "how to
+  ..."), which is the same for everyone (default ``off``: even the exact cache is shared by
+  every user of a tenant). "Our" is left out: in "our refund policy" it is the company's.
+
+The most restrictive mode among the rules that fire applies.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from policies.cache import CacheRules
+
+Mode = Literal["semantic", "exact", "off"]
+_ORDER: dict[str, int] = {"semantic": 0, "exact": 1, "off": 2}
+
+_TIME = re.compile(
+    r"\b(?:today|today's|tonight|tomorrow|yesterday|now|right now|currently|current|latest|"
+    r"recent|recently|nowadays|this (?:morning|afternoon|evening|week|weekend|month|year)|"
+    r"up[- ]to[- ]date|as of)\b",
+    re.IGNORECASE,
+)
+_RECORDS = (
+    "account|accounts|order|orders|balance|bill|bills|billing|invoice|invoices|payment|payments|"
+    "subscription|subscriptions|plan|booking|bookings|reservation|reservations|ticket|tickets|"
+    "delivery|deliveries|package|packages|parcel|shipment|refund|refunds|claim|claims|"
+    "application|appointment|appointments|calendar|schedule|inbox|emails|messages|statement|"
+    "statements|points|credit score|results|prescription|prescriptions|policy|status|profile|"
+    "history|cart|loan|salary|paycheck|benefits|deadline"
+)
+_PERSONAL = re.compile(
+    rf"\bmy\s+(?:\w+\s+)?(?:{_RECORDS})\b",
+    re.IGNORECASE,
+)
+_HOW_TO = re.compile(r"\bhow\s+(?:do|can|could|should|would)\s+(?:i|we|you)\b|\bhow\s+to\b", re.I)
+
+
+def uses_tools(body: Mapping[str, Any]) -> bool:
+    if body.get("tools") or body.get("functions"):
+        return True
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return False
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") in ("tool", "function") or message.get("tool_calls"):
+            return True
+    return False
+
+
+def about_now(text: str | None) -> bool:
+    return bool(text) and _TIME.search(text or "") is not None
+
+
+def about_own_records(text: str | None) -> bool:
+    if not text or _HOW_TO.search(text):
+        return False
+    return _PERSONAL.search(text) is not None
+
+
+def fired(body: Mapping[str, Any], text: str | None) -> list[str]:
+    """The names of the rules that apply to this request."""
+    out = []
+    if uses_tools(body):
+        out.append("tools")
+    if about_now(text):
+        out.append("time")
+    if about_own_records(text):
+        out.append("personal")
+    return out
+
+
+def mode_for(rules: CacheRules, names: list[str]) -> tuple[Mode, str | None]:
+    """The most restrictive mode among the fired rules, and the rule that set it."""
+    mode: Mode = "semantic"
+    reason: str | None = None
+    for name in names:
+        candidate: Mode = getattr(rules, name)
+        if _ORDER[candidate] > _ORDER[mode]:
+            mode, reason = candidate, name
+    return mode, reason

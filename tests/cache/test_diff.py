@@ -1,0 +1,113 @@
+"""The gate's reading of the difference between two requests, on crafted pairs."""
+
+from __future__ import annotations
+
+import pytest
+
+from cache.diff import align
+from cache.lexicon import Lexicon
+from cache.pairfeatures import FEATURE_NAMES, pair_features, relation
+from cache.words import edit_distance, prefix_contrast
+
+
+@pytest.fixture(scope="module")
+def lex() -> Lexicon:
+    return Lexicon.shared()
+
+
+def features(a: str, b: str, lex: Lexicon) -> dict[str, float]:
+    return dict(zip(FEATURE_NAMES, pair_features(a, b, 0.9, lex), strict=True))
+
+
+def test_negation_flip_and_contractions(lex: Lexicon) -> None:
+    f = features("Is a signed offer letter binding?", "Is a signed offer letter not binding?", lex)
+    assert f["negation_flip"] == 1.0
+    g = features("Why isn't my VPN connecting?", "Why is my VPN not connecting?", lex)
+    assert g["negation_flip"] == 0.0 and g["changed_content"] == 0.0
+    h = features("He's got a fever. Should I call?", "He has got a fever. Should I call?", lex)
+    assert h["changed_total"] == 0.0
+
+
+def test_antonyms_from_wordnet_and_prefixes(lex: Lexicon) -> None:
+    assert (
+        features("How do I enable dark mode?", "How do I disable dark mode?", lex)["sub_antonym"]
+        == 1.0
+    )
+    assert (
+        features("Is it legal to record calls?", "Is it illegal to record calls?", lex)[
+            "sub_antonym"
+        ]
+        == 1.0
+    )
+    assert prefix_contrast("encrypt", "decrypt") and prefix_contrast("upload", "download")
+    assert not prefix_contrast("methanol", "ethanol")
+
+
+def test_synonyms_siblings_and_values(lex: Lexicon) -> None:
+    f = features("How do I buy a gift card?", "How do I purchase a gift card?", lex)
+    assert f["sub_synonym"] == 1.0 and f["sub_antonym"] == 0.0
+    g = features("What's 5 miles in kilometers?", "What's 5 miles in meters?", lex)
+    assert g["sub_value"] == 1.0 and g["changed_unit"] >= 1.0 and g["sub_synonym"] == 0.0
+    # WordNet shares a loose sense ("a moment") between the two; as units they differ.
+    h = features("set a timer for 90 seconds", "set a timer for 90 minutes", lex)
+    assert h["sub_value"] == 1.0 and h["sub_synonym"] == 0.0
+    diff = align("What is the VAT rate in Italy?", "What is the VAT rate in Germany?", lex)
+    ((x, y),) = diff.substituted
+    assert relation(x, y, lex) in ("value", "sibling")
+
+
+def test_numbers_compare_as_values(lex: Lexicon) -> None:
+    f = features("What is 2 to the power of 10?", "What is 3 to the power of 10?", lex)
+    assert f["number_changed"] == 1.0 and f["number_substituted"] == 1.0
+    g = features("How many days after one year?", "How many days after 1 year?", lex)
+    assert g["number_changed"] == 0.0
+    h = features("It costs 2,000 dollars", "It costs 2000 dollars", lex)
+    assert h["number_changed"] == 0.0
+
+
+def test_swaps_around_a_pivot_versus_symmetric_and_fronted(lex: Lexicon) -> None:
+    direction = features("Convert YAML to JSON in Python", "Convert JSON to YAML in Python", lex)
+    assert direction["pivot_swaps"] >= 1.0 and direction["changed_content"] == 0.0
+    roles = features("Did the Romans conquer the Gauls?", "Did the Gauls conquer the Romans?", lex)
+    assert roles["pivot_swaps"] >= 1.0
+    symmetric = features(
+        "Which has more calories, brown rice or white rice?",
+        "Which has more calories, white rice or brown rice?",
+        lex,
+    )
+    assert symmetric["pivot_swaps"] == 0.0
+    fronted = features(
+        "In Excel, how do I freeze the top row?", "How do I freeze the top row in Excel?", lex
+    )
+    assert fronted["runs"] == 2.0 and fronted["pivot_swaps"] == 0.0
+    assert fronted["changed_total"] == 0.0
+
+
+def test_typos_compounds_and_acronyms(lex: Lexicon) -> None:
+    f = features(
+        "How do I change my email address on my account?",
+        "how do i chnage my emial adress on my account",
+        lex,
+    )
+    assert f["typos"] >= 2.0 and f["changed_content"] == 0.0
+    # Two different short acronyms are never one typo of the other.
+    g = features("Output the results as CSV.", "Output the results as TSV.", lex)
+    assert g["typos"] == 0.0 and g["changed_content"] == 2.0
+    h = features("How do I redirect HTTPS to HTTP?", "How do I redirect HTTP to HTTPS?", lex)
+    assert h["pivot_swaps"] >= 1.0
+    assert features("How do I set up Python?", "How do I setup Python?", lex)["compounds"] == 1.0
+
+
+def test_classes_of_changed_words(lex: Lexicon) -> None:
+    f = features("Normal heart rate for an adult?", "Normal heart rate for a toddler?", lex)
+    assert f["changed_person"] >= 1.0
+    g = features("What's the weather tomorrow?", "What's the weather on Friday?", lex)
+    assert g["changed_time"] >= 1.0
+    h = features("Summarize the whole document", "Summarize the first paragraph", lex)
+    assert h["quantifier_changed"] >= 1.0
+
+
+def test_edit_distance() -> None:
+    assert edit_distance("chnage", "change") == 1  # one transposition
+    assert edit_distance("kitten", "sitting") == 3
+    assert edit_distance("a", "abcdefgh", limit=2) == 3  # stops early above the limit

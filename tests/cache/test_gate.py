@@ -1,0 +1,67 @@
+"""The semantic gate's threshold: the calibrated operating point, raised per namespace only."""
+
+from __future__ import annotations
+
+import pytest
+
+from cache.gate import SemanticGate
+from cache.index import Candidate
+from cache.verifier import Verifier
+from policies.cache import SemanticCacheConfig
+
+
+@pytest.fixture(scope="module")
+def verifier() -> Verifier:
+    return Verifier.load()
+
+
+def candidate(text: str, similarity: float) -> Candidate:
+    return Candidate(entry_id=text, text=text, similarity=similarity)
+
+
+def test_threshold_follows_the_bound_and_the_audit(verifier: Verifier) -> None:
+    gate = SemanticGate(verifier)
+    strict, loose = SemanticCacheConfig(max_false_hit_rate=0.0076), SemanticCacheConfig()
+    assert gate.threshold(loose, "faq") == verifier.threshold_for(0.01)
+    assert gate.threshold(strict, "faq") >= gate.threshold(loose, "faq")
+    fixed = SemanticCacheConfig(verifier_threshold=0.3)
+    assert gate.threshold(fixed, "faq") == 0.3
+    raised = gate.threshold(loose, "faq") + 0.05
+    gate.tighten("faq", raised)
+    gate.tighten("faq", 0.1)  # never lowered
+    assert gate.threshold(loose, "faq") == raised
+    assert gate.threshold(loose, "other") == verifier.threshold_for(0.01)
+    assert gate.tightened() == {"faq": raised}
+    gate.reset("faq")
+    assert gate.threshold(loose, "faq") == verifier.threshold_for(0.01)
+
+
+def test_verdict_carries_the_best_candidate(verifier: Verifier) -> None:
+    gate = SemanticGate(verifier)
+    settings = SemanticCacheConfig()
+    query = "Why is my VPN not connecting?"
+    verdict = gate.choose(
+        query,
+        [candidate("Why isn't my VPN connecting?", 0.98), candidate("Is the VPN down?", 0.6)],
+        settings,
+        "ns",
+    )
+    assert verdict.accepted and verdict.winner is not None
+    assert verdict.winner.text == "Why isn't my VPN connecting?"
+    assert verdict.candidates == 2 and verdict.threshold == gate.threshold(settings, "ns")
+    assert verdict.score is not None and verdict.score >= verdict.threshold
+    rejected = gate.choose(
+        "How do I disable dark mode?",
+        [candidate("How do I enable dark mode?", 0.97)],
+        settings,
+        "ns",
+    )
+    assert not rejected.accepted and rejected.score == 0.0 and rejected.similarity == 0.97
+    below_floor = gate.choose(query, [candidate("unrelated", 0.1)], settings, "ns")
+    assert below_floor.candidates == 1 and below_floor.score is None
+    # A namespace tightened past every score serves nothing, the others are unaffected.
+    gate.tighten("ns", 1.01)
+    again = gate.choose(query, [candidate("Why isn't my VPN connecting?", 0.98)], settings, "ns")
+    assert not again.accepted
+    other = gate.choose(query, [candidate("Why isn't my VPN connecting?", 0.98)], settings, "x")
+    assert other.accepted

@@ -1,0 +1,43 @@
+"""The cache stage's span attributes: the outcome, the rule that applied, the gate's verdict."""
+
+from __future__ import annotations
+
+from cache.gate import GateVerdict
+from cache.index import Candidate
+from cache.keys import CacheScope, build_request
+from cache.semantic import CacheHit, CachePlan
+from gateway.stages.cache import Lookup
+
+
+def plan(rule: str | None = None, semantic: bool = True, cached: bool = True) -> CachePlan:
+    body = {"model": "m", "messages": [{"role": "user", "content": "q"}]}
+    request = build_request(body, CacheScope("t", "m", "ns"), query_text="q") if cached else None
+    return CachePlan(request, cached, cached, semantic=semantic, rule=rule)
+
+
+def test_semantic_hit_carries_the_gates_verdict() -> None:
+    winner = Candidate("e", "stored", 0.93)
+    verdict = GateVerdict(2, winner, 0.93, 0.97, 0.84)
+    hit = CacheHit("semantic", b"{}", 0.93, 0.97, 0.84, "ns", "q")
+    attrs = Lookup(plan(), hit, verdict).span_attributes()
+    assert attrs == {
+        "cache": "semantic",
+        "cache.gate": "accepted",
+        "cache.candidates": 2,
+        "cache.similarity": 0.93,
+        "cache.verifier_score": 0.97,
+        "cache.threshold": 0.84,
+    }
+
+
+def test_rejections_rules_and_skips() -> None:
+    rejected = Lookup(plan(), None, GateVerdict(1, None, 0.97, 0.0, 0.84)).span_attributes()
+    assert rejected["cache"] == "miss" and rejected["cache.gate"] == "rejected"
+    assert rejected["cache.similarity"] == 0.97 and rejected["cache.verifier_score"] == 0.0
+    exact_only = Lookup(plan("time", semantic=False)).span_attributes()
+    assert exact_only == {"cache.rule": "time", "cache.mode": "exact", "cache": "miss"}
+    off = Lookup(plan("personal", semantic=False, cached=False)).span_attributes()
+    assert off == {"cache.rule": "personal", "cache.mode": "off", "cache": "skipped"}
+    exact = Lookup(plan(), CacheHit("exact", b"{}")).span_attributes()
+    assert exact == {"cache": "exact"}
+    assert Lookup(None).span_attributes() == {"cache": "skipped"}
