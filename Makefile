@@ -10,7 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test install install-dev vllm-env redis-server litellm-env lint typecheck \
+.PHONY: demo test install install-dev vllm-env redis-server litellm-env portkey-env lint typecheck \
         test-fast bench-overhead bench-routing bench-cache tracing-ui check-dashboard clean
 
 # Every pip call through which torch can enter goes through deploy/local/torch-index.sh: it adds
@@ -47,6 +47,10 @@ litellm-env:
 
 # The gateway's port: make demo DEMO_PORT=8081 when 8080 is taken.
 DEMO_PORT ?= 8080
+
+portkey-env:
+	bash bench/portkey-env.sh
+
 demo: install vllm-env
 	$(BIN)/python -m deploy.local.demo --port $(DEMO_PORT)
 
@@ -64,7 +68,7 @@ test: install-dev vllm-env redis-server lint typecheck
 test-fast: install-dev
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not vllm"
 
-bench-overhead: install-dev litellm-env
+bench-overhead: install-dev litellm-env portkey-env
 	$(BIN)/python -m bench.overhead
 
 bench-routing: install-dev
@@ -82,4 +86,4 @@ check-dashboard: install
 	$(BIN)/python deploy/check_dashboard.py
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-litellm .venv-phoenix .cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .venv-litellm .venv-portkey .venv-phoenix .cache .mypy_cache .ruff_cache

@@ -7,10 +7,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-# The gateway again with tracing on, exporting OTLP/HTTP to a receiver: at the policy's
-# default sample ratio, and with every request traced.
-TRACED = "gateway+otel"
-TRACED_ALL = "gateway+otel-all"
+# The one-worker gateway again with tracing on, exporting OTLP/HTTP to a receiver: at the
+# policy's default sample ratio, and with every request traced.
+GATEWAY = "gateway-w1"
+TRACED = "gateway-w1+otel"
+TRACED_ALL = "gateway-w1+otel-all"
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ ROWS = (
     Row("st_rate_eq", "stream: max streams/s, added p99 < {eq} ms", "/s"),
     Row("rss", "memory: resident after the conc.-1 phase", "MiB"),
     Row("rss_peak", "memory: peak resident (rate search included)", "MiB"),
+    Row("mem_idle", "memory per worker: resident, idle after warm-up", "MiB"),
+    Row("mem_load", "memory per worker: resident right after saturation", "MiB"),
+    Row("mem_load_pss", "memory per worker: proportional set (PSS) after saturation", "MiB"),
+    Row("mem_peak", "memory per worker: peak resident", "MiB"),
 )
 
 
@@ -92,12 +97,8 @@ def _ratio(num: float, den: float) -> str:
 def table(results: Results, labels: dict[str, Any]) -> str:
     names = results.targets
     header = ["metric", *names]
-    if "floor" in names and "gateway" in names:
-        header.append("gateway/floor")
-    if "gateway" in names and "litellm" in names:
-        header.append("litellm/gateway")
-    traced = [n for n in (TRACED, TRACED_ALL) if n in names and "gateway" in names]
-    header += [f"{n.removeprefix('gateway+')}/gateway" for n in traced]
+    if "floor" in names and GATEWAY in names:
+        header.append("w1/floor")
     lines = [header]
     for row in ROWS:
         if row.key not in results.values:
@@ -111,11 +112,8 @@ def table(results: Results, labels: dict[str, Any]) -> str:
             if row.added and name == "direct" and shown != "-":
                 shown = f"({value:.2f} base)"
             cells.append(shown)
-        if "gateway/floor" in header:
-            cells.append(_ratio(medians["gateway"], medians["floor"]))
-        if "litellm/gateway" in header:
-            cells.append(_ratio(medians["litellm"], medians["gateway"]))
-        cells += [_ratio(medians[n], medians["gateway"]) for n in traced]
+        if "w1/floor" in header:
+            cells.append(_ratio(medians[GATEWAY], medians["floor"]))
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     out = []
@@ -129,95 +127,93 @@ def table(results: Results, labels: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def verdict(results: Results, slo_ms: float) -> dict[str, Any]:
-    """The issue's targets, checked against the medians (only where the gateway ran)."""
-    if "gateway" not in results.targets:
-        return {}
-    p50 = results.median("ns_c1_p50", "gateway")
-    p99 = results.median("ns_c1_p99", "gateway")
-    out: dict[str, Any] = {
-        "added_p50_ms": p50,
-        "added_p50_ok": p50 <= 0.5,
-        "added_p99_ms": p99,
-        "added_p99_ok": p99 <= 2.0,
-    }
-    if "litellm" in results.targets:
-        ours, theirs = (
-            results.median("ns_rate_eq", "gateway"),
-            results.median("ns_rate_eq", "litellm"),
-        )
-        # ">=" on ours or "<" on theirs only make the true ratio larger than this one.
-        exact = not results.bound("ns_rate_eq", "gateway") and not results.bound(
-            "ns_rate_eq", "litellm"
-        )
-        ratio = ours / theirs if theirs > 0 else math.nan
-        out |= {
-            "rate_ratio_vs_litellm_at_equal_p99": ratio,
-            "rate_ratio_is_lower_bound": not exact,
-            "rate_ratio_ok": ratio >= 5,
+@dataclass(frozen=True)
+class Figure:
+    """One of the issue's figures: a ratio (or difference) per repeat, its median, a target."""
+
+    key: str
+    label: str
+    num: tuple[str, str]  # (row key, target)
+    den: tuple[str, str] | None  # None: the value itself; else divided (or subtracted) by it
+    target: float
+    at_most: bool  # the target is an upper bound
+    difference: bool = False
+
+
+def figures_for(workers: int) -> tuple[Figure, ...]:
+    return (
+        Figure("cpu_w1_over_floor", "CPU per request, gateway-w1 / floor",
+               ("ns_cpu", GATEWAY), ("ns_cpu", "floor"), 1.25, True),
+        Figure("added_p50_c1_w1_minus_floor_ms", "added p50 at concurrency 1, gateway-w1 - floor (ms)",
+               ("ns_c1_p50", GATEWAY), ("ns_c1_p50", "floor"), 0.1, True, difference=True),
+        Figure("rate_eq_wN_over_litellm_wN", "peak req/s at equal added p99, gateway-wN / litellm-wN",
+               ("ns_rate_eq", "gateway-wN"), ("ns_rate_eq", "litellm-wN"), 25.0, False),
+        Figure("sat_wN_over_w1", "peak req/s (saturation), gateway-wN / gateway-w1",
+               ("ns_sat", "gateway-wN"), ("ns_sat", GATEWAY), 0.8 * workers, False),
+        Figure("rate_eq_wN_over_w1", "peak req/s at equal added p99, gateway-wN / gateway-w1",
+               ("ns_rate_eq", "gateway-wN"), ("ns_rate_eq", GATEWAY), 0.8 * workers, False),
+        Figure("stream_ttft_p50_w1_over_portkey", "streaming added TTFT p50, gateway-w1 / portkey",
+               ("st_ttft_p50", GATEWAY), ("st_ttft_p50", "portkey"), 0.2, True),
+        Figure("tracing_all_sat_over_off", "100% tracing: peak req/s (saturation) / tracing off",
+               ("ns_sat", TRACED_ALL), ("ns_sat", GATEWAY), 0.85, False),
+        Figure("tracing_default_sat_over_off", "default sampling: peak req/s / tracing off",
+               ("ns_sat", TRACED), ("ns_sat", GATEWAY), 0.95, False),
+        Figure("mem_idle_w1", "memory per worker idle, gateway-w1 (MiB)",
+               ("mem_idle", GATEWAY), None, 120.0, True),
+        Figure("mem_load_w1", "memory per worker under load, gateway-w1 (MiB)",
+               ("mem_load", GATEWAY), None, 120.0, True),
+        Figure("mem_idle_wN", "memory per worker idle, gateway-wN (MiB)",
+               ("mem_idle", "gateway-wN"), None, 120.0, True),
+        Figure("mem_load_wN", "memory per worker under load, gateway-wN (MiB)",
+               ("mem_load", "gateway-wN"), None, 120.0, True),
+    )  # fmt: skip
+
+
+def figures(results: Results, workers: int) -> dict[str, Any]:
+    """The issue's figures: per-repeat values paired within a repeat, and their median."""
+    out: dict[str, Any] = {}
+    for fig in figures_for(workers):
+        nums = results.raw(*fig.num)
+        if not nums:
+            continue
+        if fig.den is None:
+            values = list(nums)
+        else:
+            dens = results.raw(*fig.den)
+            if not dens:
+                continue
+            values = [
+                (n - d) if fig.difference else (n / d if d > 0 else math.nan)
+                for n, d in zip(nums, dens, strict=False)
+            ]
+        finite = [v for v in values if not math.isnan(v) and not math.isinf(v)]
+        median = statistics.median(finite) if finite else math.nan
+        bounds = {results.bound(*fig.num), results.bound(*fig.den) if fig.den else ""} - {""}
+        out[fig.key] = {
+            "label": fig.label,
+            "median": _clean(median),
+            "runs": [_clean(v) for v in values],
+            "target": fig.target,
+            "target_is": "at most" if fig.at_most else "at least",
+            "met": (median <= fig.target) if fig.at_most else (median >= fig.target),
+            "bounds": sorted(bounds),  # a rate search that stopped early: ">=" or "<"
         }
-        cpu_ratio = results.median("ns_cpu", "litellm") / results.median("ns_cpu", "gateway")
-        out["cpu_per_request_ratio_litellm_over_gateway"] = cpu_ratio
-    if TRACED in results.targets:
-        out |= tracing_cost(results, TRACED)
-        out["tracing_ok"] = out["tracing_rate_loss"] < 0.05
-    if TRACED_ALL in results.targets:
-        everything = tracing_cost(results, TRACED_ALL)
-        out |= {f"{key}_all_requests": value for key, value in everything.items()}
     return out
 
 
-def tracing_cost(results: Results, traced_name: str) -> dict[str, float]:
-    """Request rate lost to tracing: saturation throughput, and CPU-bound capacity, per repeat.
-
-    Each repeat measures the two gateways back to back, so the ratio is paired per repeat and
-    the median of the per-repeat ratios is reported (machine noise moves both).
-    """
-
-    def paired_loss(key: str, inverse: bool) -> float:
-        pairs = zip(results.raw(key, "gateway"), results.raw(key, traced_name), strict=False)
-        losses = [
-            (1 - (plain / traced if inverse else traced / plain))
-            for plain, traced in pairs
-            if plain > 0 and traced > 0
-        ]
-        return statistics.median(losses) if losses else math.nan
-
-    rate_loss = paired_loss("ns_sat", inverse=False)
-    cpu_loss = paired_loss("ns_sat_cpu", inverse=True)
-    return {"tracing_rate_loss": rate_loss, "tracing_cpu_capacity_loss": cpu_loss}
-
-
-def verdict_text(check: dict[str, Any], eq_ms: float) -> str:
-    if not check:
-        return "targets: not checked (the gateway did not run)"
-    lines = [
-        f"target added p50 <= 0.5 ms: {check['added_p50_ms']:+.2f} ms "
-        f"-> {'met' if check['added_p50_ok'] else 'MISSED'}",
-        f"target added p99 <= 2 ms:   {check['added_p99_ms']:+.2f} ms "
-        f"-> {'met' if check['added_p99_ok'] else 'MISSED'}",
-    ]
-    if "rate_ratio_vs_litellm_at_equal_p99" in check:
+def figures_text(figs: dict[str, Any], core_split: str) -> str:
+    if not figs:
+        return "figures: none (the gateway did not run)"
+    lines = [f"the issue's figures (median of per-repeat values; {core_split}):"]
+    for fig in figs.values():
+        median = fig["median"]
+        shown = "-" if median is None else f"{median:.3g}"
+        runs = ", ".join("-" if v is None else f"{v:.3g}" for v in fig["runs"])
+        flag = f" (rate bounds {''.join(fig['bounds'])})" if fig["bounds"] else ""
+        verdict = "met" if fig["met"] else "MISSED"
         lines.append(
-            f"target >= 5x LiteLLM's req/s at equal added p99 (< {eq_ms:g} ms): "
-            f"{'>=' if check['rate_ratio_is_lower_bound'] else ''}"
-            f"{check['rate_ratio_vs_litellm_at_equal_p99']:.1f}x "
-            f"-> {'met' if check['rate_ratio_ok'] else 'MISSED'}"
-            f" (CPU per request: LiteLLM / gateway = "
-            f"{check['cpu_per_request_ratio_litellm_over_gateway']:.1f}x)"
-        )
-    if "tracing_rate_loss" in check:
-        lines.append(
-            f"target tracing costs < 5% of the request rate (default sampling): saturation "
-            f"req/s {-100 * check['tracing_rate_loss']:+.1f}% (capacity from CPU per request "
-            f"{-100 * check['tracing_cpu_capacity_loss']:+.1f}%) "
-            f"-> {'met' if check['tracing_ok'] else 'MISSED'}"
-        )
-    if "tracing_rate_loss_all_requests" in check:
-        lines.append(
-            f"  with every request traced: saturation req/s "
-            f"{-100 * check['tracing_rate_loss_all_requests']:+.1f}% (capacity from CPU per request "
-            f"{-100 * check['tracing_cpu_capacity_loss_all_requests']:+.1f}%)"
+            f"  {fig['label']}: {shown} [{runs}] target {fig['target_is']} "
+            f"{fig['target']:g} -> {verdict}{flag}"
         )
     return "\n".join(lines)
 

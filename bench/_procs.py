@@ -28,8 +28,8 @@ def free_port() -> int:
         return port
 
 
-def pinned(cmd: list[str], core: int | None) -> list[str]:
-    """Prefix `cmd` with taskset when pinning is possible here."""
+def pinned(cmd: list[str], core: int | str | None) -> list[str]:
+    """Prefix `cmd` with taskset when pinning is possible here (`core`: 1, or a list "0-1")."""
     if core is None or shutil.which("taskset") is None:
         return cmd
     return ["taskset", "-c", str(core), *cmd]
@@ -57,6 +57,31 @@ def _tree(pid: int) -> list[int]:
         out.append(current)
         todo.extend(children.get(current, []))
     return out
+
+
+def _status(pid: int) -> dict[str, int]:
+    """The kB figures of /proc/PID/status (VmRSS, VmHWM...); empty if the process is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        if value.endswith(" kB"):
+            out[name] = int(value.split()[0])
+    return out
+
+
+def _pss(pid: int) -> int:
+    """Proportional set size in kB (0 where smaps_rollup cannot be read)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 @dataclass
@@ -91,6 +116,24 @@ class Server:
                 elif line.startswith("VmHWM:"):
                     hwm += int(line.split()[1])
         return rss / 1024, hwm / 1024
+
+    def memory_per_worker(self) -> tuple[float, float, float]:
+        """(largest resident set, largest peak, largest proportional set) of one worker, MiB.
+
+        A tree of several processes is a supervisor and its workers: the root is left out.
+        Pages a worker shares with its siblings (forked code) count whole in its resident set
+        and divided among the sharers in its proportional set (PSS, /proc/PID/smaps_rollup).
+        """
+        pids = _tree(self.proc.pid)
+        if len(pids) > 1:
+            pids = pids[1:]
+        rss = hwm = pss = 0
+        for pid in pids:
+            status = _status(pid)
+            rss = max(rss, status.get("VmRSS", 0))
+            hwm = max(hwm, status.get("VmHWM", 0))
+            pss = max(pss, _pss(pid))
+        return rss / 1024, hwm / 1024, pss / 1024
 
     async def settle(self, idle_share: float = 0.05, within_s: float = 30.0) -> float:
         """Wait until the process tree uses under `idle_share` of a core; returns the wait."""
@@ -132,7 +175,7 @@ def start(
     cmd: list[str],
     port: int,
     log_dir: Path,
-    core: int | None,
+    core: int | str | None,
     env: dict[str, str] | None = None,
 ) -> Server:
     log = log_dir / f"{name}.log"

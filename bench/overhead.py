@@ -1,10 +1,12 @@
-"""Gateway overhead, side by side: direct vs the aiohttp floor vs llm-gateway vs LiteLLM.
+"""Gateway overhead, side by side: direct, the aiohttp floor, llm-gateway, LiteLLM, Portkey.
 
 One run starts the fake upstream (fixed latency; streams of --chunks chunks --chunk-interval-ms
 apart), a bare aiohttp proxy ("floor", the least a Python proxy on this stack can cost),
-llm-gateway and the LiteLLM proxy (from .venv-litellm, see bench/litellm-env.sh), all
-configured with the same upstream. The proxy under test is pinned to core 1; the load generator
-(this process) and the upstream to core 0. Each repeat measures, targets interleaved in rotating
+llm-gateway with one worker (gateway-w1) and with one per core (gateway-wN), the LiteLLM proxy
+(from .venv-litellm, see bench/litellm-env.sh) with one worker and with N, and the Portkey
+gateway (from .venv-portkey, bench/portkey-env.sh), all configured with the same upstream.
+Single-process proxies are pinned to core 1; the load generator (this process) and the upstream
+to core 0; the N-worker arms may use every core, core 0 included. Each repeat measures, targets interleaved in rotating
 order: concurrency-1 latency (non-streaming and streaming), CPU per request (utime + stime of
 the proxy's process tree over the requests it served), memory, added latency at a fixed rate
 (skipped for a proxy that the fixed rate would saturate), and the highest open-loop rate whose
@@ -51,7 +53,7 @@ from bench._overhead_measure import (
     run_level,
     sweep,
 )
-from bench._overhead_report import Results, as_json, table, verdict, verdict_text
+from bench._overhead_report import Results, as_json, figures, figures_text, table
 from bench._overhead_servers import Proxy, start_all
 
 
@@ -84,7 +86,7 @@ def _say(text: str) -> None:
 
 
 async def _warm(proxy: Proxy) -> None:
-    await concurrency_one(proxy.plain, 100 if proxy.name == "litellm" else 300)
+    await concurrency_one(proxy.plain, 100 if proxy.name.startswith("litellm") else 300)
     await concurrency_one(proxy.stream, 2)
 
 
@@ -255,7 +257,7 @@ async def _sweeps(
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = _plan(args)
-    if args.pin and (os.cpu_count() or 1) >= 2:
+    if args.pin and args.cores >= 2:
         os.sched_setaffinity(0, {0})
     else:
         args.pin = False
@@ -271,6 +273,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for proxy in [direct, *proxies]:
                 await _warm(proxy)
             results = Results(["direct", *(p.name for p in proxies)])
+            for proxy in proxies:
+                assert proxy.server is not None
+                results.put("mem_idle", proxy.name, proxy.server.memory_per_worker()[0])
             everyone = [direct, *proxies]
             for repeat in range(plan.repeats):
                 shift = repeat % len(everyone)
@@ -283,12 +288,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     results.put("rss", proxy.name, proxy.server.memory_mib()[0])
                 _say(f"repeat {repeat + 1}: saturation, {args.sat_concurrency} in flight")
                 await _saturation(order, plan, results, args.sat_concurrency)
+                for proxy in order_proxies:
+                    assert proxy.server is not None
+                    rss, _, pss = proxy.server.memory_per_worker()
+                    results.put("mem_load", proxy.name, rss)
+                    results.put("mem_load_pss", proxy.name, pss)
                 _say(f"repeat {repeat + 1}: {args.fixed_rate:g} req/s")
                 await _fixed_rate(direct, order_proxies, args.fixed_rate, plan, results)
                 await _sweeps(direct, order_proxies, plan, args, results)
                 for proxy in order_proxies:
                     assert proxy.server is not None
                     results.put("rss_peak", proxy.name, proxy.server.memory_mib()[1])
+                    results.put("mem_peak", proxy.name, proxy.server.memory_per_worker()[1])
             exported = await _tracing_export(proxies)
         finally:
             for server in reversed(servers):
@@ -310,7 +321,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "python": platform.python_version(),
             "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(),
-            "pinned": "proxy on core 1, load generator + upstream on core 0" if args.pin else "no",
+            "pinned": core_split(args),
         },
         "settings": {
             "upstream_latency_ms": args.upstream_latency_ms,
@@ -326,10 +337,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "labels": labels,
         "metrics": as_json(results, labels),
         "tracing_export": exported,
-        "targets_met": verdict(results, args.slo_ms),
+        "figures": figures(results, args.cores),
         "table": table(results, labels),
-        "verdict": verdict_text(verdict(results, args.slo_ms), args.equal_p99_ms),
+        "verdict": figures_text(figures(results, args.cores), core_split(args)),
     }
+
+
+def core_split(args: argparse.Namespace) -> str:
+    if not args.pin:
+        return "not pinned"
+    return (
+        f"{args.cores} cores; single-process proxies on core 1, load generator + upstream on "
+        f"core 0, gateway-wN and litellm-wN ({args.cores} workers) on cores 0-{args.cores - 1}"
+    )
 
 
 def _cpu_model() -> str:
@@ -348,6 +368,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--skip-litellm", action="store_true")
     parser.add_argument("--skip-gateway", action="store_true")
+    parser.add_argument("--skip-portkey", action="store_true")
+    parser.add_argument(
+        "--cores",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="cores to use; gateway-wN and litellm-wN run this many workers (default: all)",
+    )
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick: 1)")
     parser.add_argument("--upstream-latency-ms", type=float, default=1.0)
     parser.add_argument("--chunks", type=int, default=64)

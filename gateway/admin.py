@@ -1,22 +1,28 @@
-"""The admin endpoints: reload, surfaces and queues, cache purge, the cache's audit report and
-its thresholds, usage.
+"""The admin endpoints: reload, workers, surfaces and queues, cache purge, the cache's audit
+report and its thresholds, usage.
 
 Who may call them: with ``server.admin_token_env`` set, whoever sends ``Authorization: Bearer
 <that token>`` (from any address: behind a proxy on the host every caller looks like
 loopback, so the peer address proves nothing). Without a token, loopback callers only, and
 only while the gateway listens on loopback; bound to another address, the admin API answers
 403 until a token is configured.
+
+``AppAdmin`` is what one process answers about itself; a pre-forked worker group asks each
+worker for it over its control socket and answers for all (``gateway.workgroup``).
 """
 
 from __future__ import annotations
 
 import hmac
+import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
 from gateway.errors import BadRequest, Forbidden, NotFound, Unauthorized, Unavailable, error_body
-from gateway.keys import LIVE, SLO
+from gateway.keys import LIVE, METRICS, SLO
 from gateway.limits.store import StoreUnavailable
 from gateway.limits.usage import report
 from gateway.limits.windows import WINDOW_KINDS, window_of
@@ -31,10 +37,62 @@ class AdminAccess:
 ADMIN_ACCESS = web.AppKey("admin_access", AdminAccess)
 
 
-def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_post("/admin/reload", _reload)
-    router.add_get("/admin/surfaces", _surfaces)
-    router.add_delete("/admin/cache", _purge_cache)
+class AppAdmin:
+    """One process's own answers (``gateway.workgroup.LocalAdmin``)."""
+
+    def __init__(self, app: web.Application, worker: int | None = None) -> None:
+        self._app = app
+        self._worker = worker
+
+    @property
+    def policy_path(self) -> Path | None:
+        return self._app[LIVE].path
+
+    def metrics_text(self) -> bytes:
+        return self._app[METRICS].render()
+
+    def surfaces_view(self) -> dict[str, Any]:
+        rt = self._app[LIVE].current
+        queues = {
+            name: pool.admission.snapshot()
+            for name, pool in rt.pools.items()
+            if pool.admission is not None
+        }
+        return {"surfaces": self._app[SLO].view(), "admission": queues}
+
+    def worker_info(self) -> dict[str, Any]:
+        live = self._app[LIVE]
+        return {
+            "worker": self._worker,
+            "pid": os.getpid(),
+            "requests": self._app[METRICS].requests_answered(),
+            "reloads": live.reloads,
+            "reload_error": live.reload_error,
+            "models": live.current.model_names(),
+        }
+
+    async def purge_cache(self, tenant: str, namespace: str | None) -> int:
+        cache = self._app[LIVE].current.cache
+        if cache is None:
+            raise NotFound("no surface of the running policy has a cache")
+        from cache.store import StoreUnavailable as CacheStoreUnavailable
+
+        try:
+            return await cache.cache.purge(tenant, namespace)
+        except CacheStoreUnavailable as exc:
+            raise Unavailable(
+                "the cache store is unavailable", headers={"Retry-After": "5"}
+            ) from exc
+
+
+def add_routes(router: web.UrlDispatcher, group: bool = False) -> None:
+    """The admin API; in a worker group, the routes that answer for the whole group are
+    ``gateway.workgroup``'s, and the rest answer for the worker a call reaches."""
+    if not group:
+        router.add_post("/admin/reload", _reload)
+        router.add_get("/admin/workers", _workers)
+        router.add_get("/admin/surfaces", _surfaces)
+        router.add_delete("/admin/cache", _purge_cache)
     router.add_get("/admin/usage", _usage)
     router.add_get("/admin/cache", _cache_report)
     router.add_delete("/admin/cache/thresholds", _reset_thresholds)
@@ -44,8 +102,8 @@ def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-def _loopback_only(request: web.Request) -> None:
-    """The admin check (the name kept from when it was the only rule)."""
+def check_admin(request: web.Request) -> None:
+    """Who may call the admin API (the module's docstring); raises otherwise."""
     token = request.app[LIVE].current.admin_token
     if token:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
@@ -71,38 +129,30 @@ def _loopback_only(request: web.Request) -> None:
 
 async def _surfaces(request: web.Request) -> web.Response:
     """Rolling TTFT, inter-token and total percentiles and budget attainment per surface."""
-    _loopback_only(request)
-    rt = request.app[LIVE].current
-    queues = {
-        name: pool.admission.snapshot()
-        for name, pool in rt.pools.items()
-        if pool.admission is not None
-    }
-    return web.json_response({"surfaces": request.app[SLO].view(), "admission": queues})
+    check_admin(request)
+    return web.json_response(AppAdmin(request.app).surfaces_view())
+
+
+async def _workers(request: web.Request) -> web.Response:
+    """This one process (a worker group lists each of its workers)."""
+    check_admin(request)
+    return web.json_response({"workers": [AppAdmin(request.app).worker_info()], "missing": []})
 
 
 async def _purge_cache(request: web.Request) -> web.Response:
     """``DELETE /admin/cache?tenant=T[&namespace=N]``: drop a tenant's (or one scope's) entries."""
-    _loopback_only(request)
-    cache = request.app[LIVE].current.cache
+    check_admin(request)
     tenant = request.query.get("tenant")
     if not tenant:
         raise BadRequest("the 'tenant' query parameter is required", param="tenant")
-    if cache is None:
-        raise NotFound("no surface of the running policy has a cache")
-    from cache.store import StoreUnavailable
-
-    try:
-        removed = await cache.cache.purge(tenant, request.query.get("namespace"))
-    except StoreUnavailable as exc:
-        raise Unavailable("the cache store is unavailable", headers={"Retry-After": "5"}) from exc
+    removed = await AppAdmin(request.app).purge_cache(tenant, request.query.get("namespace"))
     return web.json_response({"purged": removed, "tenant": tenant})
 
 
 async def _cache_report(request: web.Request) -> web.Response:
     """``GET /admin/cache``: outcomes, the audit (audited and false hits per namespace, their
     interval, the threshold in force, tightenings, the audit's upstream cost)."""
-    _loopback_only(request)
+    check_admin(request)
     cache = request.app[LIVE].current.cache
     if cache is None:
         raise NotFound("no surface of the running policy has a cache")
@@ -111,7 +161,7 @@ async def _cache_report(request: web.Request) -> web.Response:
 
 async def _reset_thresholds(request: web.Request) -> web.Response:
     """``DELETE /admin/cache/thresholds[?namespace=N]``: back to the shipped operating point."""
-    _loopback_only(request)
+    check_admin(request)
     cache = request.app[LIVE].current.cache
     if cache is None:
         raise NotFound("no surface of the running policy has a cache")
@@ -122,7 +172,7 @@ async def _reset_thresholds(request: web.Request) -> web.Response:
 
 async def _reload(request: web.Request) -> web.Response:
     """Reload the policy file (loopback callers only: the admin API is not exposed)."""
-    _loopback_only(request)
+    check_admin(request)
     live = request.app[LIVE]
     if live.path is None:
         return web.json_response(
@@ -150,7 +200,7 @@ async def _usage(request: web.Request) -> web.Response:
     percentiles are this instance's rolling window (``/admin/surfaces``). Without ``tenant``,
     every tenant of the policy.
     """
-    _loopback_only(request)
+    check_admin(request)
     rt = request.app[LIVE].current
     kind = request.query.get("window", "month")
     if kind not in WINDOW_KINDS:

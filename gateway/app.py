@@ -19,18 +19,14 @@ from gateway.build import Clock, build_runtime
 from gateway.connections import ConnectionLimits
 from gateway.keys import LIMITS, LIVE, METRICS, ORCHESTRATOR, SLO
 from gateway.live import LivePolicy, budgets
-from gateway.middleware import (
-    context_middleware,
-    cors_middleware,
-    cors_on_prepare,
-    error_middleware,
-)
+from gateway.middleware import cors_middleware, cors_on_prepare, gateway_middleware
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import SloCollector, SloTracker
 from gateway.observability.tracing import Telemetry
 from gateway.observability.usage_metrics import LimiterCollector
 from gateway.orchestrator import Orchestrator
 from gateway.stages.cache import CacheCollector
+from gateway.workgroup import WorkerContext, add_group_routes
 from policies.loader import PolicySource
 from policies.schema import Policy
 from routing.pool import all_replicas
@@ -44,15 +40,18 @@ def create_app(
     policy_path: Path | None = None,
     telemetry: Telemetry | None = None,
     clock: Clock | None = None,
+    group: WorkerContext | None = None,
 ) -> web.Application:
     """``telemetry`` replaces the one built from the policy (tests pass an in-memory exporter);
-    ``clock`` the time the limits read (tests move it; by default, the limit store's)."""
+    ``clock`` the time the limits read (tests move it; by default, the limit store's);
+    ``group``: this process is one worker of a pre-forked group, whose ``/metrics`` and
+    ``/admin/*`` answer for every worker (``gateway.workgroup``)."""
     if isinstance(source, str):
         source = PolicySource(source)
     # Bodies are read by gateway.protocol.body under the policy's limits, never by
     # request.read(); client_max_size only backs that up.
     app = web.Application(
-        middlewares=[cors_middleware, context_middleware, error_middleware],
+        middlewares=[cors_middleware, gateway_middleware],
         client_max_size=policy.server.max_body_bytes,
     )
     metrics = GatewayMetrics(lambda: all_replicas(list(app[LIVE].current.pools.values())))
@@ -68,9 +67,11 @@ def create_app(
     app.cleanup_ctx.append(_live_policy)
     app[admin.ADMIN_ACCESS] = admin.AdminAccess()
     app.on_response_prepare.append(cors_on_prepare)
-    handlers.add_routes(app.router)
+    handlers.add_routes(app.router, metrics=group is None)
     dialect_routes.add_routes(app.router)
-    admin.add_routes(app.router)
+    admin.add_routes(app.router, group=group is not None)
+    if group is not None:
+        add_group_routes(app, group, admin.AppAdmin(app, group.index))
     return app
 
 

@@ -9,21 +9,16 @@ imports training code (or its extras).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import logging
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-
-from aiohttp import web
 
 from policies.loader import (
     PolicyError,
     PolicyIssue,
     load_policy,
-    read_policy,
     read_policy_text,
     validate_policy,
 )
@@ -51,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes sharing the port (default: one per available core; "
+        "1: a single process, no supervisor)",
+    )
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("check", help="validate a policy file")
@@ -117,81 +119,31 @@ def summary(policy: Policy) -> str:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.server import run_server
+    from gateway.workers import default_workers, supervise
+
     _logging(args.log_level)
+    workers = args.workers if args.workers is not None else default_workers()
+    if workers < 1:
+        print("--workers must be at least 1", file=sys.stderr)
+        return 2
     try:
         policy = load_policy(args.policy)
+        if workers > 1 and policy.has_tenant_limits() and not policy.shared_state.redis_url:
+            # Each worker would count on its own: N workers would admit N times the limit.
+            print(
+                f"{args.policy}: tenant limits and budgets with --workers {workers} need "
+                "shared_state.redis_url (the workers count in Redis), or --workers 1",
+                file=sys.stderr,
+            )
+            return 1
+        if workers > 1:
+            return supervise(policy, args.policy, args.host, args.port, workers)
         run_server(policy, args.policy, args.host, args.port)
     except PolicyError as exc:
         print(f"{args.policy}: invalid policy, not starting:\n{exc}", file=sys.stderr)
         return 1
     return 0
-
-
-def run_server(
-    policy: Policy,
-    policy_path: Path,
-    host: str,
-    port: int,
-    on_ready: Callable[[str], None] | None = None,
-) -> None:
-    """Serve until SIGINT or SIGTERM; SIGHUP reloads the policy file.
-
-    Raises ``PolicyError`` when the policy's runtime cannot be built (a file it names is
-    missing or invalid).
-    """
-    import uvloop
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_serve(policy, policy_path, host, port, on_ready))
-
-
-async def _serve(
-    policy: Policy,
-    policy_path: Path,
-    host: str,
-    port: int,
-    on_ready: Callable[[str], None] | None,
-) -> None:
-    from gateway.admin import ADMIN_ACCESS, is_loopback
-    from gateway.app import create_app
-    from gateway.connections import make_runner
-    from gateway.keys import LIVE
-
-    _, source = read_policy(policy_path)
-    app = create_app(policy, source, policy_path)
-    app[ADMIN_ACCESS].listens_beyond_loopback = not is_loopback(host)
-    runner = make_runner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=4096)
-    await site.start()
-    base_url = f"http://{host}:{port}/v1"
-    log.info("llm-gateway serving %s on %s", policy_path, base_url)
-    if on_ready is not None:
-        on_ready(base_url)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-
-    async def reload() -> None:
-        try:
-            await app[LIVE].reload()
-        except PolicyError as exc:
-            log.error("policy reload rejected; still running the previous policy:\n%s", exc)
-
-    tasks: set[asyncio.Task[None]] = set()
-
-    def on_hup() -> None:
-        task = asyncio.create_task(reload())
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, on_hup)
-    try:
-        await stop.wait()
-    finally:
-        log.info("shutting down")
-        await runner.cleanup()
 
 
 def _logging(level: str) -> None:

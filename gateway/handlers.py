@@ -10,7 +10,8 @@ from gateway.protocol.anthropic_messages_output import models_page
 from gateway.protocol.openai import Endpoint
 
 
-def add_routes(router: web.UrlDispatcher) -> None:
+def add_routes(router: web.UrlDispatcher, metrics: bool = True) -> None:
+    """``metrics=False``: a worker group answers ``/metrics`` itself (``gateway.workgroup``)."""
     router.add_post("/v1/chat/completions", _chat)
     router.add_post("/v1/completions", _completions)
     router.add_post("/v1/embeddings", _embeddings)
@@ -18,7 +19,8 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/v1/models/{model:.+}", _model)
     router.add_get("/healthz", _healthz)
     router.add_get("/readyz", _readyz)
-    router.add_get("/metrics", _metrics)
+    if metrics:
+        router.add_get("/metrics", _metrics)
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:

@@ -47,26 +47,37 @@ class LivePolicy:
         self._telemetry = telemetry  # a caller's (tests): kept across reloads
         self._lock = asyncio.Lock()
         self._retiring: dict[asyncio.Task[None], Runtime] = {}
+        self.reloads = 0  # finished, accepted or rejected (a worker group waits on it)
+        self.reload_error: str | None = None  # the last reload's, None if it was accepted
 
     async def reload(self) -> Runtime:
         """Load the policy file again; raises ``PolicyError`` and keeps the running one if bad."""
         if self.path is None:
             raise PolicyError([])
         async with self._lock:
-            policy, source = await asyncio.to_thread(read_policy, self.path)
-            old = self.current
-            new = await build_runtime(
-                policy, source, old, telemetry=self._telemetry, clock=self._clock
-            )
-            self.current = new
-            self.slo.configure(budgets(policy))
-            if self._on_reload is not None:
-                self._on_reload(policy)
-            task = asyncio.create_task(retire(old, new, drain=True), name="retire-runtime")
-            self._retiring[task] = old
-            task.add_done_callback(lambda t: self._retiring.pop(t, None))
-            log.info("policy reloaded from %s", self.path)
-            return new
+            try:
+                runtime = await self._reload(self.path)
+            except PolicyError as exc:
+                self.reload_error = str(exc)
+                raise
+            finally:
+                self.reloads += 1
+            self.reload_error = None
+            return runtime
+
+    async def _reload(self, path: Path) -> Runtime:
+        policy, source = await asyncio.to_thread(read_policy, path)
+        old = self.current
+        new = await build_runtime(policy, source, old, telemetry=self._telemetry, clock=self._clock)
+        self.current = new
+        self.slo.configure(budgets(policy))
+        if self._on_reload is not None:
+            self._on_reload(policy)
+        task = asyncio.create_task(retire(old, new, drain=True), name="retire-runtime")
+        self._retiring[task] = old
+        task.add_done_callback(lambda t: self._retiring.pop(t, None))
+        log.info("policy reloaded from %s", path)
+        return new
 
     async def close(self) -> None:
         """Close everything at once: retirements still draining stop waiting."""

@@ -1,16 +1,17 @@
-"""Cross-cutting concerns of every request, as aiohttp middlewares (outermost first).
+"""Cross-cutting concerns of every request: one aiohttp middleware, and CORS.
 
-``context_middleware``: the request id in and out, and one metrics observation per API request
-whatever its end (the orchestrator leaves its labels and status on the request).
-``error_middleware``: every error leaves as OpenAI's error JSON with the right status, never a
-stack trace.
+``gateway_middleware``: the request id in and out; every error leaves as OpenAI's error JSON
+with the right status, never a stack trace (a client that left is a 499, not an error); one
+metrics observation per API request whatever its end (the orchestrator leaves its labels and
+status on the request); and the access log. One layer, not one per concern: every middleware is
+one more frame that each resumption of the request's coroutine passes through.
 ``cors_middleware`` + ``cors_on_prepare``: with ``server.cors``, preflights are answered and
 every response (streams included: the signal runs before the headers are sent) carries the
 CORS headers for an allowed origin.
 
-The access log (``server.access_log``) is one line per request from ``context_middleware``:
-peer, method, path (no query string), status, duration, model label, backend, replica and
-request id. Never a header value, a key, a prompt or a completion.
+The access log (``server.access_log``) is one line per request: peer, method, path (no query
+string), status, duration, model label, backend, replica and request id. Never a header value,
+a key, a prompt or a completion.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware
-async def context_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def gateway_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = request.headers.get("x-request-id", "")[:128]
     if not (request_id.isascii() and request_id.isprintable()) or not request_id:
         request_id = os.urandom(12).hex()  # none, or one that must not be echoed in a header
@@ -51,6 +52,24 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
                 model, backend, replica, 499, time.perf_counter() - started
             )
         raise
+    except GatewayError as exc:
+        response = web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = _http_error(request, exc)
+    except ConnectionError:
+        if not client_gone(request):
+            response = _internal_error(request, request_id)
+        else:
+            # The client went away while its request was read or answered (aiohttp cancels
+            # the handler only with handler_cancellation): not an error of the gateway's, so
+            # no traceback; counted as 499. The answer below reaches no one.
+            log.debug("client left during %s %s", request.method, request.path)
+            request[STATUS_KEY] = 499
+            response = web.Response(status=499)
+    except Exception:
+        response = _internal_error(request, request_id)
     if not response.prepared:
         response.headers["x-request-id"] = request_id
     labels = request.get(LABELS_KEY)
@@ -67,6 +86,21 @@ async def context_middleware(request: web.Request, handler: Handler) -> web.Stre
             model or "-", backend or "-", replica or "-", request_id,
         )  # fmt: skip
     return response
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
+    type_ = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
+    message = exc.reason if exc.status != 404 else f"unknown route {request.method} {request.path}"
+    return web.json_response(
+        error_body(message, type_.get(exc.status, "invalid_request_error")), status=exc.status
+    )
+
+
+def _internal_error(request: web.Request, request_id: str) -> web.Response:
+    log.exception("unhandled error in %s %s (request %s)", request.method, request.path, request_id)
+    return web.json_response(
+        error_body("internal gateway error", "server_error", "internal_error"), status=500
+    )
 
 
 _PREFLIGHT_METHODS = "GET, POST, DELETE, OPTIONS"
@@ -124,40 +158,3 @@ async def cors_on_prepare(request: web.Request, response: web.StreamResponse) ->
 def client_gone(request: web.Request) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
-
-
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except GatewayError as exc:
-        return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        type_ = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
-        message = (
-            exc.reason if exc.status != 404 else f"unknown route {request.method} {request.path}"
-        )
-        return web.json_response(
-            error_body(message, type_.get(exc.status, "invalid_request_error")), status=exc.status
-        )
-    except ConnectionError:
-        if not client_gone(request):
-            raise
-        # The client went away while its request was read or answered (aiohttp cancels the
-        # handler only with handler_cancellation): not an error of the gateway's, so no
-        # traceback; counted as 499. The answer below reaches no one.
-        log.debug("client left during %s %s", request.method, request.path)
-        request[STATUS_KEY] = 499
-        return web.Response(status=499)
-    except Exception:
-        log.exception(
-            "unhandled error in %s %s (request %s)",
-            request.method,
-            request.path,
-            request.get(REQUEST_ID),
-        )
-        return web.json_response(
-            error_body("internal gateway error", "server_error", "internal_error"), status=500
-        )

@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -31,7 +32,7 @@ from gateway.errors import BadRequest, GatewayError, Unavailable
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import RequestTiming, SloTracker
 from gateway.observability.summary import ResponseSummary, StreamSummarizer, summarize_body
-from gateway.observability.tracing import RequestSpan
+from gateway.observability.tracing import RequestSpan, body_attributes
 from gateway.protocol.openai import Endpoint, ParsedRequest, parse_request
 from gateway.protocol.usage import UsageTap, asks_usage, with_usage
 from gateway.runtime import Destination, Runtime
@@ -55,6 +56,9 @@ if TYPE_CHECKING:  # the tier stage imports numpy: loaded only for policies with
 __all__ = ["LABELS_KEY", "STATUS_KEY", "Orchestrator"]
 
 UNKNOWN_MODEL = "unknown"  # the model label of requests that never named a served model
+
+# A traced answer up to this size is kept until its span is exported and parsed there.
+LAZY_BODY_MAX = 64 * 1024
 
 _OPERATION = {
     Endpoint.CHAT: "chat",
@@ -89,7 +93,7 @@ class Orchestrator:
 
     async def run(self, call: Call) -> web.StreamResponse:
         rt = call.rt
-        async with self.outcome(call) as done:
+        with self.outcome(call) as done:
             targets = rt.targets(call.parsed.model, call.parsed.endpoint)  # unknown model: 404
             call.request[LABELS_KEY] = (call.parsed.model, "", "")
             # The tenant's limits and budget (429 here); its usage and cost when this ends.
@@ -143,16 +147,17 @@ class Orchestrator:
             headers=request.headers,
             body=parsed.body,
         )
-        span.decision(
-            {
-                "tenant": tenant,
-                "surface": plan.name,
-                "priority": plan.priority,
-                "budget.ttft_ms": plan.budget.ttft_ms,
-                "budget.itl_ms": plan.budget.itl_ms,
-                "budget.total_ms": plan.budget.total_ms,
-            }
-        )
+        if span.keeps_decisions:  # unsampled and untraced: no mapping to build
+            span.decision(
+                {
+                    "tenant": tenant,
+                    "surface": plan.name,
+                    "priority": plan.priority,
+                    "budget.ttft_ms": plan.budget.ttft_ms,
+                    "budget.itl_ms": plan.budget.itl_ms,
+                    "budget.total_ms": plan.budget.total_ms,
+                }
+            )
         total_ms = plan.budget.total_ms
         session = request.headers.get("x-session-id") or parsed.body.get("user")
         return Call(
@@ -171,37 +176,9 @@ class Orchestrator:
             strip_usage=strip_usage,
         )
 
-    @asynccontextmanager
-    async def outcome(self, call: Call) -> AsyncIterator[Callable[[Relayed], web.StreamResponse]]:
+    def outcome(self, call: Call) -> Outcome:
         """Ends the request's span with its status; a failure counts against the surface's SLO."""
-        status = 500
-        error_type: str | None = None
-
-        def done(served: Relayed) -> web.StreamResponse:
-            nonlocal status
-            status = served.result.status
-            call.request[STATUS_KEY] = status
-            return served.response
-
-        try:
-            yield done
-        except GatewayError as exc:
-            status = exc.status
-            if status >= 500:  # a client's error (4xx) is not the server span's error
-                error_type = exc.code or exc.type
-            raise
-        except asyncio.CancelledError:
-            status = 499  # the client went away: not the server's failure
-            raise
-        except ConnectionError:  # the client went away while its answer was written
-            transport = call.request.transport
-            if transport is None or transport.is_closing():
-                status = 499
-            raise
-        finally:
-            if status >= 500 and status != 499 and STATUS_KEY not in call.request:
-                self.slo.observe(call.plan.name, RequestTiming(_ms_since(call.started), ok=False))
-            call.span.end(status, error_type)
+        return Outcome(call, self.slo)
 
     # --- 2. cache --------------------------------------------------------------------------
 
@@ -401,23 +378,29 @@ class Orchestrator:
         itl_ms = result.mean_gap_ms()
         if itl_ms is not None:
             call.rt.latency.observe_itl(key, itl_ms)
-        if result.body is not None:
-            _span_response(span, quota.answer or summarize_body(result.body), key)
+        if result.body is not None and span.recording:
+            if quota.answer is not None:  # already parsed (for its usage): no second parse
+                _span_response(span, quota.answer, key)
+            elif len(result.body) <= LAZY_BODY_MAX:  # parsed in the export thread, not here
+                span.response_later(body_attributes(result.body, key))
+            else:  # the export queue must not hold large answers
+                _span_response(span, summarize_body(result.body), key)
         elif served.watch.summary is not None:
             _span_response(span, served.watch.summary.summary, key)
         if result.deadline_hit:
             self.metrics.deadlines.labels(plan.name).inc()
-        span.decision(
-            {
-                "backend": attempt.target.pool.name,
-                "replica": replica.name,
-                "route.reason": attempt.decision.reason,
-                "route.prefix_match": attempt.decision.matched_prefix,
-                "hedge.fired": attempt.hedged,
-                "hedge.winner": attempt.winner if attempt.hedged else None,
-                "deadline.hit": result.deadline_hit or None,
-            }
-        )
+        if span.keeps_decisions:
+            span.decision(
+                {
+                    "backend": attempt.target.pool.name,
+                    "replica": replica.name,
+                    "route.reason": attempt.decision.reason,
+                    "route.prefix_match": attempt.decision.matched_prefix,
+                    "hedge.fired": attempt.hedged,
+                    "hedge.winner": attempt.winner if attempt.hedged else None,
+                    "deadline.hit": result.deadline_hit or None,
+                }
+            )
         if 400 <= result.status < 500:
             return  # the client's error: not the surface's latency
         timing = RequestTiming(_ms_since(call.started), ttft_ms, itl_ms, ok=result.status < 500)
@@ -440,6 +423,45 @@ class Orchestrator:
         capture = served.watch.capture
         answer = capture.assembled if capture is not None else storable(result.body)
         cache.fill_later(call, lookup, policy, answer)
+
+
+class Outcome:
+    """``with orchestrator.outcome(call) as done``: a plain context manager (its exit does no
+    I/O), so no generator or coroutine is made for it on every request."""
+
+    __slots__ = ("call", "slo", "status")
+
+    def __init__(self, call: Call, slo: SloTracker) -> None:
+        self.call = call
+        self.slo = slo
+        self.status = 500
+
+    def __enter__(self) -> Callable[[Relayed], web.StreamResponse]:
+        return self.done
+
+    def done(self, served: Relayed) -> web.StreamResponse:
+        self.status = served.result.status
+        self.call.request[STATUS_KEY] = self.status
+        return served.response
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        call, error_type = self.call, None
+        if isinstance(exc, GatewayError):
+            self.status = exc.status
+            if exc.status >= 500:  # a client's error (4xx) is not the server span's error
+                error_type = exc.code or exc.type
+        elif isinstance(exc, asyncio.CancelledError):
+            self.status = 499  # the client went away: not the server's failure
+        elif isinstance(exc, ConnectionError):  # the client went away while its answer was written
+            transport = call.request.transport
+            if transport is None or transport.is_closing():
+                self.status = 499
+        status = self.status
+        if status >= 500 and status != 499 and STATUS_KEY not in call.request:
+            self.slo.observe(call.plan.name, RequestTiming(_ms_since(call.started), ok=False))
+        call.span.end(status, error_type)
 
 
 @dataclass(slots=True)

@@ -57,6 +57,12 @@ class Policy(Strict):
             s.cache is not None and s.cache.semantic is not None for s in self.surfaces.values()
         ) or any(isinstance(m, TieredModelConfig) for m in self.models.values())
 
+    def has_tenant_limits(self) -> bool:
+        """Rate limits or a budget anywhere: state that must be shared to hold exactly."""
+        return any(
+            t.limits is not None or t.budget is not None for t in self.tenants.values()
+        ) or any(s.limits is not None for s in self.surfaces.values())
+
     def cache_redis_url(self) -> str | None:
         """The cache's Redis: its own ``cache_store.redis_url``, else the shared one."""
         return self.cache_store.redis_url or self.shared_state.redis_url

@@ -2,8 +2,9 @@
 
 Run from the repository root: ``python -m deploy.local.demo [--host H] [--port P]``. The
 replicas are started by ``deploy.local.localpool``; the gateway serves
-``policies/examples/demo.yaml`` with the replicas' addresses in ``DEMO_REPLICA_<i>``. Ctrl-C
-stops the gateway and both replicas.
+``policies/examples/demo.yaml`` with the replicas' addresses in ``DEMO_REPLICA_<i>``, with
+one worker per core (``--workers``, as ``llm-gateway serve``). Ctrl-C stops the gateway and
+both replicas.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from deploy.local.localpool import LocalVllmPool
-from gateway.cli import run_server
+from gateway.server import run_server
+from gateway.workers import default_workers, supervise
 from policies.loader import PolicyError, load_policy
 
 DEMO_POLICY = Path(__file__).resolve().parents[2] / "policies" / "examples" / "demo.yaml"
@@ -41,6 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the gateway's port (default: $DEMO_PORT, else 8080)",
     )  # fmt: skip
     parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument(
+        "--workers", type=int, default=None, help="gateway workers (default: one per core)"
+    )
     args = parser.parse_args(argv)
     taken = port_taken(args.host, args.port)
     if taken:  # before a minute of starting vLLM, not after
@@ -51,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    workers = args.workers if args.workers is not None else default_workers()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -72,7 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         def ready(base_url: str) -> None:
             print(banner(base_url, pool.model_name), flush=True)
 
-        run_server(policy, DEMO_POLICY, args.host, args.port, ready)
+        if workers > 1:
+            supervise(policy, DEMO_POLICY, args.host, args.port, workers, ready)
+        else:
+            run_server(policy, DEMO_POLICY, args.host, args.port, ready)
     print("stopped the gateway and the vLLM replicas", flush=True)
     return 0
 

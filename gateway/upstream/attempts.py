@@ -208,16 +208,17 @@ class AttemptOpener:
         pool = target.pool
         hedge = call.plan.hedge
         delay = None
-        peers = [r.base_url for r in candidates]
+        peers: list[str] = []
         if hedge is not None and turn == 0 and len(candidates) > 1:
+            peers = [r.base_url for r in candidates]
             delay = hedge.delay_s(decision.replica.base_url, peers, call.plan.budget.ttft_ms)
         read_first = delay is not None and call.parsed.stream
 
-        async def primary() -> Attempt:
+        if delay is None or hedge is None:  # no race: no closures, one frame less
             return await self._one(call, target, decision, read_first, False)
 
-        if delay is None or hedge is None:
-            return await primary()
+        async def primary() -> Attempt:
+            return await self._one(call, target, decision, read_first, False)
 
         sent: list[tuple[Replica, float]] = []  # the hedge's replica and when it was sent
 

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import aiohttp
 from multidict import CIMultiDict
+from yarl import URL
 
 from policies.backends import TimeoutConfig
 from routing.replica import Replica
@@ -116,6 +117,12 @@ def _client_timeout(timeouts: TimeoutConfig) -> aiohttp.ClientTimeout:
     )
 
 
+@functools.lru_cache(maxsize=1024)
+def _url(base_url: str, path: str) -> URL:
+    """Parsed once per replica and path (aiohttp would parse the string on every request)."""
+    return URL(f"{base_url}/{path}")
+
+
 async def open_upstream(
     session: aiohttp.ClientSession,
     replica: Replica,
@@ -128,7 +135,7 @@ async def open_upstream(
     ``first_byte_s`` bounds the wait for the response headers (the backend's ``first_byte_s``,
     or less when the surface's deadline is nearer).
     """
-    url = f"{replica.base_url}/{req.path}"
+    url = _url(replica.base_url, req.path)
     try:
         async with asyncio.timeout(first_byte_s):
             resp = await session.post(

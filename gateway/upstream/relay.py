@@ -253,6 +253,18 @@ async def read_answer(upstream: UpstreamResponse, max_bytes: int) -> bytes:
     return await upstream.read()
 
 
+def _noted(result: RelayResult, plan: RelayPlan, data: bytes, at: float) -> None:
+    """A stream read: its time (first, gap since the last) and the watchers that see it."""
+    if result.first_at is None:
+        result.first_at = at
+    elif plan.on_gap is not None and result.last_at is not None:
+        plan.on_gap(at - result.last_at)
+    result.last_at = at
+    result.reads += 1
+    for watch in plan.watchers:
+        watch(data)
+
+
 def _limit(attempt: Attempt, plan: RelayPlan) -> tuple[float, bool]:
     """The earlier of the surface's deadline and ``total_s``; True when it is the surface's."""
     hard = attempt.total_deadline
@@ -272,30 +284,20 @@ async def _relay_stream(
     result = RelayResult(upstream.status)
     out = StreamOut(resp, plan.client)
     finished = False
-
-    async def write(data: bytes, at: float) -> None:
-        if result.first_at is None:
-            result.first_at = at
-        elif plan.on_gap is not None and result.last_at is not None:
-            plan.on_gap(at - result.last_at)
-        result.last_at = at
-        result.reads += 1
-        for watch in plan.watchers:
-            watch(data)
-        if plan.filter is not None:
-            data = plan.filter.feed(data)
-        if data:
-            await out.write(data)
+    keep = plan.filter  # takes the usage chunk out for a client that did not ask for it
 
     limit, ours = _limit(attempt, plan)
     try:
         await out.begin()
         if attempt.first:
-            await write(attempt.first, attempt.first_at or time.perf_counter())
+            _noted(result, plan, attempt.first, attempt.first_at or time.perf_counter())
+            await out.write(attempt.first if keep is None else keep.feed(attempt.first))
         try:
             async with asyncio.timeout(max(limit - time.perf_counter(), 0.0)):
+                # Per chunk: note it (a plain call, no coroutine), send it.
                 async for data in upstream.content.iter_any():
-                    await write(data, time.perf_counter())
+                    _noted(result, plan, data, time.perf_counter())
+                    await out.write(data if keep is None else keep.feed(data))
         except TimeoutError:
             if time.perf_counter() < limit:
                 raise  # the upstream went silent (idle_s), not a deadline
@@ -310,7 +312,7 @@ async def _relay_stream(
             )  # fmt: skip
             return resp, result
         finished = True
-        if plan.filter is not None and (rest := plan.filter.flush()):
+        if keep is not None and (rest := keep.flush()):
             await out.write(rest)
         if out.failed:
             result.status = 502  # the upstream told of its failure, and the client read it

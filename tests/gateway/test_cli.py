@@ -93,3 +93,22 @@ def test_check_loads_the_tokenizer_of_precise_routing(tmp_path: Path) -> None:
     proc = check(policy)
     assert proc.returncode == 1
     assert f"{policy}:5: backends.pool.routing: tokenizer" in proc.stderr
+
+
+def test_limits_across_workers_need_shared_state(tmp_path: Path) -> None:
+    """N workers counting in their own memory would admit N times a limit: refused."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "backends:\n  up: {kind: vllm, replicas: ['http://127.0.0.1:9/v1']}\n"
+        "models:\n  m: {backend: up}\n"
+        "tenants:\n  a:\n    api_key_sha256: ['" + "0" * 64 + "']\n"
+        "    limits: {requests_per_minute: 10}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--workers", "2",
+         "--port", "9"],
+        capture_output=True, text=True, cwd=ROOT, check=False, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "need shared_state.redis_url" in proc.stderr
+    assert "Traceback" not in proc.stderr

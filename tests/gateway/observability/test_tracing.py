@@ -166,7 +166,7 @@ def test_sampling_ratio_applies_to_roots_and_the_callers_flag_always_wins() -> N
     exporter = InMemorySpanExporter()
     config = TelemetryConfig(enabled=True, sample_ratio=0.25)
     tel = Telemetry.from_config(config, {}, exporter=exporter, batch=False)
-    assert TelemetryConfig(enabled=True).sample_ratio == 0.01  # the shipped default
+    assert TelemetryConfig(enabled=True).sample_ratio == 0.1  # the shipped default
     roots = [tel.start_request(operation="chat", request_model="m", headers={}) for _ in range(800)]
     for rs in roots:
         rs.end(200)
@@ -312,14 +312,12 @@ def test_export_settings_from_policy_then_environment() -> None:
     assert (s.endpoint, s.service_name) == ("http://phoenix:6006/v1/traces", "gw")
 
 
-def test_grpc_exporter_is_built_for_grpc() -> None:
+def test_grpc_export_is_built_for_grpc() -> None:
+    """The gRPC path itself is exercised against a real server in test_lean_tracing."""
     cfg = TelemetryConfig(enabled=True, protocol="grpc", endpoint="http://127.0.0.1:1")
     tel = Telemetry.from_config(cfg, {})
-    assert tel.provider is not None
-    processors = tel.provider._active_span_processor._span_processors
-    exporter = processors[0]._batch_processor._exporter  # type: ignore[attr-defined]
-    assert type(exporter).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")
-    tel.shutdown()
+    assert tel.protocol == "grpc" and tel.exporter is not None
+    tel.exporter.shutdown(1.0)  # nothing queued: nothing is sent
 
 
 async def test_spans_reach_a_real_otlp_http_receiver() -> None:
@@ -349,7 +347,7 @@ async def test_spans_reach_a_real_otlp_http_receiver() -> None:
         )
         tel = Telemetry.from_config(cfg, {})
         run_request(tel)
-        # The exporter posts from the SDK's thread; the receiver runs on this loop.
+        # The exporter posts from its thread; the receiver runs on this loop.
         assert await asyncio.to_thread(tel.force_flush, 10_000)
         await asyncio.wait_for(got.wait(), 10)
         await asyncio.to_thread(tel.shutdown)

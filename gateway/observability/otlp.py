@@ -1,0 +1,392 @@
+"""OTLP trace export of span records: protobuf encoding and sending, in one background thread.
+
+The event loop only appends finished span records (plain tuples, ``SpanRecord``) to a bounded
+queue; this module's thread turns them into an OTLP ``ExportTraceServiceRequest`` and sends it
+over HTTP (``POST /v1/traces``, ``application/x-protobuf``) or gRPC (``TraceService/Export``), the
+wire format of ``opentelemetry-proto`` (tests decode what is sent with its generated classes).
+
+Encoding is written out by hand against the proto field numbers: a span is a handful of
+length-delimited fields, and most of its attributes repeat from one request to the next
+(operation, model, tenant, surface, backend, replica, server address), so each encoded
+``KeyValue`` is kept in a bounded cache and a span costs a dictionary lookup per attribute
+instead of building protobuf objects. The thread yields the GIL between slices of spans so the
+event loop is never held up for long.
+
+Batches: the thread wakes every ``schedule_s`` (or as soon as ``batch_size`` spans wait) and
+sends up to ``batch_size`` spans per request (``Exporter`` delivers any batch function: OTLP here,
+or a caller's OpenTelemetry SDK exporter in ``gateway.observability.tracing``). The queue holds at most ``max_queue`` spans;
+beyond that spans are dropped and counted (``dropped``). A failed send is retried once after
+``retry_s``; then the batch is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import logging
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+log = logging.getLogger("llm_gateway.tracing")
+
+AttrValue = (
+    str | bool | int | float | Sequence[str] | Sequence[bool] | Sequence[int] | Sequence[float]
+)
+# (prefix, attributes): the prefix is prepended to each key at encoding ("gateway." for
+# decisions), and None values are skipped, so the event loop stores the caller's mapping as is.
+# The prefix CONSTANT marks a mapping that is shared and never changed (an attempt's replica
+# attributes): its encoding is cached by identity, and its keys must not appear in the span's
+# other groups (they are not merged with them).
+# The prefix LAZY marks a group whose "mapping" is a function returning one, called in the
+# export thread (work such as parsing the answer's JSON for its usage stays off the loop).
+AttrGroup = tuple[str, Any]
+CONSTANT = "="
+LAZY = "()"
+Event = tuple[int, str, Mapping[str, Any] | None]  # time (ns), name, attributes
+
+# One finished span; every field is plain data, fixed at the span's end.
+# (trace_id, span_id, parent_span_id or 0, name, kind, start_ns, end_ns, attribute groups,
+#  events, status code (0 unset, 2 error), status message, W3C tracestate)
+SpanRecord = tuple[int, int, int, str, int, int, int, list[AttrGroup], list[Event], int, str, str]
+
+KIND_INTERNAL, KIND_SERVER, KIND_CLIENT = 1, 2, 3
+STATUS_UNSET, STATUS_ERROR = 0, 2
+_CACHE_MAX = 8192
+_SLICE = 64  # spans encoded between two GIL yields
+
+
+# --- protobuf wire encoding ------------------------------------------------------------------
+
+
+def _varint(n: int) -> bytes:
+    if n < 0:
+        n += 1 << 64
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _any_value(value: Any) -> bytes:
+    if isinstance(value, bool):
+        return b"\x10" + (b"\x01" if value else b"\x00")
+    if isinstance(value, int):
+        return b"\x18" + _varint(value)
+    if isinstance(value, float):
+        return b"\x21" + struct.pack("<d", value)
+    if isinstance(value, str):
+        return _field(1, value.encode())
+    if isinstance(value, list | tuple):
+        return _field(5, b"".join(_field(1, _any_value(v)) for v in value))
+    return _field(1, str(value).encode())
+
+
+class Encoder:
+    """Span records -> ``ExportTraceServiceRequest`` bytes (one resource, one scope)."""
+
+    def __init__(self, resource: Mapping[str, Any], scope: str = "llm_gateway") -> None:
+        self._kv: dict[tuple[int, str, type, Any], bytes] = {}
+        self._constants: dict[tuple[int, int], tuple[Mapping[str, Any], bytes]] = {}
+        resource_body = b"".join(self._attribute(1, k, v) for k, v in resource.items())
+        self._resource = _field(1, resource_body)
+        self._scope = _field(1, _field(1, scope.encode()))
+
+    def _attribute(self, number: int, key: str, value: Any) -> bytes:
+        encoded = _field(number, _field(1, key.encode()) + _field(2, _any_value(value)))
+        if len(self._kv) >= _CACHE_MAX:
+            self._kv.clear()  # unique values (ids, timings) would otherwise pile up
+        self._kv[(number, key, type(value), tuple(value) if type(value) is list else value)] = (
+            encoded
+        )
+        return encoded
+
+    def _attributes(self, number: int, groups: Sequence[AttrGroup]) -> bytes:
+        parts: list[bytes] = []
+        merged: dict[str, Any] = {}
+        constants: list[Mapping[str, Any]] = []
+        for prefix, attrs in groups:
+            if prefix == LAZY:
+                prefix, attrs = "", _evaluated(attrs)
+            if prefix == CONSTANT:  # one shared mapping: its encoding is kept by identity
+                if not any(attrs is seen for seen in constants):  # the same one twice: once
+                    constants.append(attrs)
+                    parts.append(self._constant(number, attrs))
+            elif prefix:
+                for key, value in attrs.items():
+                    if value is not None:
+                        merged[prefix + key] = value
+            else:
+                for key, value in attrs.items():
+                    if value is not None:
+                        merged[key] = value
+        cache = self._kv
+        for key, value in merged.items():
+            kind = type(value)
+            encoded = cache.get((number, key, kind, tuple(value) if kind is list else value))
+            parts.append(encoded or self._attribute(number, key, value))
+        return b"".join(parts)
+
+    def _constant(self, number: int, attrs: Mapping[str, Any]) -> bytes:
+        seen = self._constants.get((number, id(attrs)))
+        if seen is not None and seen[0] is attrs:
+            return seen[1]
+        encoded = b"".join(self._attribute(number, k, v) for k, v in attrs.items() if v is not None)
+        if len(self._constants) >= _CACHE_MAX:
+            self._constants.clear()
+        self._constants[(number, id(attrs))] = (attrs, encoded)  # the ref keeps the id unique
+        return encoded
+
+    def span(self, record: SpanRecord) -> bytes:
+        (trace_id, span_id, parent_id, name, kind, start_ns, end_ns, groups, events,
+         status, message, trace_state) = record  # fmt: skip
+        parts = [
+            b"\x0a\x10" + trace_id.to_bytes(16, "big"),
+            b"\x12\x08" + span_id.to_bytes(8, "big"),
+        ]
+        if trace_state:
+            parts.append(_field(3, trace_state.encode()))
+        if parent_id:
+            parts.append(b"\x22\x08" + parent_id.to_bytes(8, "big"))
+        parts.append(_field(5, name.encode()))
+        parts.append(b"\x30" + _varint(kind))
+        parts.append(b"\x39" + struct.pack("<Q", start_ns))
+        parts.append(b"\x41" + struct.pack("<Q", end_ns))
+        parts.append(self._attributes(9, groups))
+        for at_ns, event_name, attrs in events:
+            body = b"\x09" + struct.pack("<Q", at_ns) + _field(2, event_name.encode())
+            if attrs:
+                body += self._attributes(3, (("", attrs),))
+            parts.append(_field(11, body))
+        if status:
+            status_body = (
+                (_field(2, message.encode()) if message else b"") + b"\x18" + _varint(status)
+            )
+            parts.append(_field(15, status_body))
+        return _field(2, b"".join(parts))
+
+    def request(self, encoded_spans: Sequence[bytes]) -> bytes:
+        scope_spans = _field(2, self._scope + b"".join(encoded_spans))
+        return _field(1, self._resource + scope_spans)
+
+
+def _evaluated(make: Any) -> Mapping[str, Any]:
+    """A LAZY group's mapping; a function that fails gives nothing (never the export)."""
+    try:
+        attrs = make()
+    except Exception:
+        log.exception("a span attribute function failed")
+        return {}
+    return attrs if isinstance(attrs, Mapping) else {}
+
+
+def merged_attributes(groups: Sequence[AttrGroup]) -> dict[str, Any]:
+    """A span's attributes as one mapping, as the encoder sends them (later groups win)."""
+    merged: dict[str, Any] = {}
+    for prefix, group in groups:
+        attrs = _evaluated(group) if prefix == LAZY else group
+        for key, value in attrs.items():
+            if value is not None:
+                merged[prefix + key if prefix and prefix not in (CONSTANT, LAZY) else key] = value
+    return merged
+
+
+# --- sending ---------------------------------------------------------------------------------
+
+
+class Sender(Protocol):
+    def send(self, body: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class HttpSender:
+    """OTLP/HTTP: ``POST {endpoint}`` with a kept-alive connection (http.client, this thread)."""
+
+    def __init__(self, endpoint: str, headers: Mapping[str, str], timeout_s: float = 10.0) -> None:
+        parts = urlsplit(endpoint)
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname or "localhost"
+        self._port = parts.port or (443 if self._https else 80)
+        self._path = parts.path or "/v1/traces"
+        self._headers = {"Content-Type": "application/x-protobuf", **headers}
+        self._timeout = timeout_s
+        self._conn: http.client.HTTPConnection | None = None
+
+    def send(self, body: bytes) -> None:
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._conn = cls(self._host, self._port, timeout=self._timeout)
+        try:
+            self._conn.request("POST", self._path, body, self._headers)
+            resp = self._conn.getresponse()
+            resp.read()
+        except (OSError, http.client.HTTPException):
+            self.close()
+            raise
+        if resp.status >= 300:
+            raise OSError(f"OTLP receiver answered {resp.status}")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class GrpcSender:
+    """OTLP/gRPC: the ``TraceService/Export`` unary call with the encoded request as its bytes."""
+
+    METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+    def __init__(self, endpoint: str, headers: Mapping[str, str], timeout_s: float = 10.0) -> None:
+        import grpc  # type: ignore[import-untyped]
+
+        parts = urlsplit(endpoint if "://" in endpoint else "http://" + endpoint)
+        target = f"{parts.hostname}:{parts.port or 4317}"
+        self._channel = (
+            grpc.insecure_channel(target)
+            if parts.scheme == "http"
+            else grpc.secure_channel(target, grpc.ssl_channel_credentials())
+        )
+        self._call = self._channel.unary_unary(self.METHOD)
+        self._metadata = tuple((k.lower(), v) for k, v in headers.items())
+        self._timeout = timeout_s
+
+    def send(self, body: bytes) -> None:
+        self._call(body, timeout=self._timeout, metadata=self._metadata)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+Deliver = Callable[[list[SpanRecord]], None]
+
+
+def otlp_delivery(sender: Sender, encoder: Encoder) -> Deliver:
+    """Encode a batch as one ``ExportTraceServiceRequest`` and send it (raises on failure)."""
+
+    def deliver(records: list[SpanRecord]) -> None:
+        encoded = []
+        for n, record in enumerate(records, start=1):
+            encoded.append(encoder.span(record))
+            if n % _SLICE == 0:
+                time.sleep(0)  # let the event loop's thread have the GIL
+        sender.send(encoder.request(encoded))
+
+    return deliver
+
+
+class Exporter:
+    """The bounded queue the event loop appends to, and the thread that delivers batches."""
+
+    def __init__(
+        self,
+        deliver: Deliver,
+        *,
+        schedule_s: float = 1.0,
+        batch_size: int = 512,
+        max_queue: int = 8192,
+        retry_s: float = 1.0,
+        close: Callable[[], None] | None = None,
+    ) -> None:
+        self._deliver = deliver
+        self._close = close
+        self._queue: collections.deque[SpanRecord] = collections.deque()
+        self._schedule_s = schedule_s
+        self._batch_size = batch_size
+        self._max_queue = max_queue
+        self._retry_s = retry_s
+        self._wake = threading.Event()
+        self._idle = threading.Condition()
+        self._in_flight = 0
+        self._stopping = False
+        self.dropped = 0
+        self.exported = 0
+        self._thread = threading.Thread(target=self._run, name="otlp-export", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def otlp(cls, sender: Sender, encoder: Encoder, **settings: Any) -> Exporter:
+        return cls(otlp_delivery(sender, encoder), close=sender.close, **settings)
+
+    def add(self, record: SpanRecord) -> None:
+        """On the event loop: one append (and a wake-up when a batch is full)."""
+        queue = self._queue
+        if len(queue) >= self._max_queue:
+            self.dropped += 1
+            return
+        queue.append(record)
+        if len(queue) == self._batch_size:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait(self._schedule_s)
+            self._wake.clear()
+            self._drain()
+        self._drain()
+
+    def _drain(self) -> None:
+        queue = self._queue
+        while queue:
+            with self._idle:
+                self._in_flight += 1
+            try:
+                batch: list[SpanRecord] = []
+                while queue and len(batch) < self._batch_size:
+                    batch.append(queue.popleft())
+                self._send(batch)
+            finally:
+                with self._idle:
+                    self._in_flight -= 1
+                    self._idle.notify_all()
+
+    def _send(self, batch: list[SpanRecord]) -> None:
+        for attempt in range(2):
+            try:
+                self._deliver(batch)
+            except Exception as exc:  # any transport error: retry once, then drop the batch
+                if attempt == 0 and not self._stopping:
+                    time.sleep(self._retry_s)
+                    continue
+                self.dropped += len(batch)
+                log.warning("trace export failed, %d spans dropped: %s", len(batch), exc)
+            else:
+                self.exported += len(batch)
+            return
+
+    def force_flush(self, timeout_s: float = 5.0) -> bool:
+        """Block until every queued span was delivered (or dropped); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        self._wake.set()
+        with self._idle:
+            while self._queue or self._in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.set()
+                self._idle.wait(min(left, 0.05))
+        return True
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout_s)
+        if self._close is not None:
+            self._close()
+
+
+def sender_for(protocol: str, endpoint: str, headers: Mapping[str, str]) -> Sender:
+    return GrpcSender(endpoint, headers) if protocol == "grpc" else HttpSender(endpoint, headers)

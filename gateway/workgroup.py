@@ -1,0 +1,272 @@
+"""One worker of a pre-forked group: its control socket and the admin answers for the group.
+
+Each worker (``gateway.workers`` forks them) serves the public port and, on a Unix socket in
+the supervisor's private run directory (``w<index>.sock``, mode 0700 directory), a control app
+that answers for this worker alone. The public ``/metrics`` and ``/admin/*`` of whichever worker
+a scrape or an operator reaches ask every sibling over those sockets and answer for the whole
+group, so nothing on the request path pays for it (Prometheus' multiprocess mode would put a
+lock and an mmap write under every counter increment, and cannot read the collectors that are
+computed at scrape time: replica health and load, SLO windows).
+
+- ``/metrics``: counters and histograms summed over the workers; gauges as
+  ``gateway.observability.group_metrics`` says (in flight summed, health the minimum, rolling
+  SLO percentiles per worker under a ``worker`` label: percentiles of separate windows do not
+  add).
+- ``/admin/workers``: each worker's pid, requests answered, reloads (and the last one's error)
+  and models.
+- ``/admin/surfaces``: this worker's view (as with one process), plus every worker's under
+  ``workers``.
+- ``/admin/cache`` (DELETE): run in every worker (each holds its own index; a shared Redis store
+  is purged by the first and found empty by the others); ``purged`` is the sum.
+- ``/admin/reload``: the file is validated here first (a bad file changes nothing, 400); then
+  the supervisor is sent SIGHUP, which it forwards to every worker, and the answer waits until
+  every worker has reloaded.
+A sibling that does not answer (being replaced) is left out and named in ``missing``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp import web
+
+from gateway.admin import check_admin
+from gateway.errors import BadRequest, NotFound, Unavailable, error_body
+from gateway.observability.group_metrics import merge_exposition
+from policies.loader import PolicyError, load_policy
+
+CONTROL_TIMEOUT_S = 5.0
+RELOAD_WAIT_S = 15.0
+
+
+@dataclass
+class WorkerContext:
+    """What a forked worker knows about its group (built by the supervisor before the fork)."""
+
+    index: int
+    count: int
+    run_dir: Path
+    supervisor_pid: int
+    sock: socket.socket | None = None  # the inherited listening socket (no SO_REUSEPORT)
+    ready_fd: int | None = None  # written once the worker listens
+
+    def control_path(self, index: int) -> Path:
+        return self.run_dir / f"w{index}.sock"
+
+
+class LocalAdmin(Protocol):
+    """What one worker answers about itself (``gateway.app.Gateway`` implements it)."""
+
+    @property
+    def policy_path(self) -> Path | None: ...
+
+    def metrics_text(self) -> bytes: ...
+
+    def surfaces_view(self) -> dict[str, Any]: ...
+
+    def worker_info(self) -> dict[str, Any]: ...
+
+    async def purge_cache(self, tenant: str, namespace: str | None) -> int: ...
+
+
+LOCAL = web.AppKey("llm_gateway.local_admin", LocalAdmin)
+CONTEXT = web.AppKey("llm_gateway.worker", WorkerContext)
+
+
+# --- this worker's control socket -----------------------------------------------------------
+
+
+def control_app(local: LocalAdmin) -> web.Application:
+    app = web.Application()
+    app[LOCAL] = local
+    app.router.add_get("/metrics", _local_metrics)
+    app.router.add_get("/admin/workers", _local_worker)
+    app.router.add_get("/admin/surfaces", _local_surfaces)
+    app.router.add_delete("/admin/cache", _local_purge)
+    return app
+
+
+async def start_control(ctx: WorkerContext, local: LocalAdmin) -> web.AppRunner:
+    runner = web.AppRunner(control_app(local), access_log=None)
+    await runner.setup()
+    path = ctx.control_path(ctx.index)
+    path.unlink(missing_ok=True)  # a dead predecessor's socket file
+    await web.UnixSite(runner, str(path)).start()
+    return runner
+
+
+async def _local_metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[LOCAL].metrics_text(), content_type="text/plain")
+
+
+async def _local_worker(request: web.Request) -> web.Response:
+    return web.json_response(request.app[LOCAL].worker_info())
+
+
+async def _local_surfaces(request: web.Request) -> web.Response:
+    return web.json_response(request.app[LOCAL].surfaces_view())
+
+
+async def _local_purge(request: web.Request) -> web.Response:
+    local = request.app[LOCAL]
+    try:
+        purged = await local.purge_cache(request.query["tenant"], request.query.get("namespace"))
+    except (NotFound, Unavailable) as exc:
+        return web.json_response(exc.body(), status=exc.status)
+    return web.json_response({"purged": purged})
+
+
+# --- asking every worker --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    index: int
+    status: int
+    body: bytes
+
+
+async def fan_out(
+    ctx: WorkerContext, method: str, path: str, params: dict[str, str] | None = None
+) -> tuple[list[Reply], list[int]]:
+    """Send one request to every worker's control socket (this one's too); replies, missing."""
+
+    async def ask(index: int) -> Reply | None:
+        connector = aiohttp.UnixConnector(path=str(ctx.control_path(index)))
+        timeout = aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)
+        try:
+            async with (
+                aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
+                session.request(method, f"http://worker{path}", params=params) as resp,
+            ):
+                return Reply(index, resp.status, await resp.read())
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return None
+
+    answers = await asyncio.gather(*(ask(i) for i in range(ctx.count)))
+    replies = [a for a in answers if a is not None]
+    missing = [i for i, a in enumerate(answers) if a is None]
+    return replies, missing
+
+
+def add_group_routes(app: web.Application, ctx: WorkerContext, local: LocalAdmin) -> None:
+    """The group's answers for ``/metrics`` and ``/admin/*`` (admin calls as ``gateway.admin``)."""
+    app[CONTEXT] = ctx
+    app[LOCAL] = local
+    app.router.add_get("/metrics", _group_metrics)
+    app.router.add_get("/admin/workers", _admin(_group_workers))
+    app.router.add_get("/admin/surfaces", _admin(_group_surfaces))
+    app.router.add_delete("/admin/cache", _admin(_group_purge))
+    app.router.add_post("/admin/reload", _admin(_group_reload))
+
+
+def _admin(
+    handler: Callable[[web.Request], Awaitable[web.Response]],
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def admin_only(request: web.Request) -> web.Response:
+        check_admin(request)  # the admin token, or loopback (gateway.admin)
+        return await handler(request)
+
+    return admin_only
+
+
+async def _group_metrics(request: web.Request) -> web.Response:
+    replies, _ = await fan_out(request.app[CONTEXT], "GET", "/metrics")
+    texts = [(r.index, r.body.decode()) for r in replies if r.status == 200]
+    return web.Response(body=merge_exposition(texts), content_type="text/plain", charset="utf-8")
+
+
+async def _group_workers(request: web.Request) -> web.Response:
+    replies, missing = await fan_out(request.app[CONTEXT], "GET", "/admin/workers")
+    workers = [json.loads(r.body) for r in replies if r.status == 200]
+    return web.json_response({"workers": workers, "missing": missing})
+
+
+async def _group_surfaces(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    replies, missing = await fan_out(ctx, "GET", "/admin/surfaces")
+    views = {r.index: json.loads(r.body) for r in replies if r.status == 200}
+    own = views.get(ctx.index) or request.app[LOCAL].surfaces_view()
+    workers = [{"worker": i, **view} for i, view in sorted(views.items())]
+    return web.json_response({**own, "worker": ctx.index, "workers": workers, "missing": missing})
+
+
+async def _group_purge(request: web.Request) -> web.Response:
+    tenant = request.query.get("tenant")
+    if not tenant:
+        raise BadRequest("the 'tenant' query parameter is required", param="tenant")
+    params = {"tenant": tenant}
+    if (namespace := request.query.get("namespace")) is not None:
+        params["namespace"] = namespace
+    replies, missing = await fan_out(request.app[CONTEXT], "DELETE", "/admin/cache", params)
+    bodies = [(r.status, json.loads(r.body)) for r in replies]
+    ok = [b for status, b in bodies if status == 200]
+    if not ok and bodies:  # every worker refused the same way (no cache, store down)
+        status, body = bodies[0]
+        return web.json_response(body, status=status)
+    purged = sum(int(b["purged"]) for b in ok)
+    return web.json_response({"purged": purged, "tenant": tenant, "missing": missing})
+
+
+async def _group_reload(request: web.Request) -> web.Response:
+    ctx, local = request.app[CONTEXT], request.app[LOCAL]
+    if local.policy_path is None:
+        return web.json_response(
+            error_body("no policy file to reload", "invalid_request_error"), status=400
+        )
+    try:
+        await asyncio.to_thread(load_policy, local.policy_path)
+    except PolicyError as exc:
+        return web.json_response(
+            error_body(
+                "policy rejected; the running policy is unchanged:\n" + str(exc),
+                "invalid_request_error",
+                "invalid_policy",
+            ),
+            status=400,
+        )
+    before, _ = await fan_out(ctx, "GET", "/admin/workers")
+    wanted = {r.index: json.loads(r.body)["reloads"] + 1 for r in before if r.status == 200}
+    os.kill(ctx.supervisor_pid, signal.SIGHUP)  # it forwards SIGHUP to every worker
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RELOAD_WAIT_S
+    pending = dict(wanted)
+    failed: dict[int, str] = {}
+    while pending and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+        replies, _ = await fan_out(ctx, "GET", "/admin/workers")
+        for r in replies:
+            info = json.loads(r.body)
+            if r.index in pending and info["reloads"] >= pending[r.index]:
+                del pending[r.index]
+                if info["reload_error"]:
+                    failed[r.index] = info["reload_error"]
+    if pending:
+        return web.json_response(
+            error_body(
+                f"reload signalled; workers {sorted(pending)} did not confirm within "
+                f"{RELOAD_WAIT_S:g} s",
+                "service_unavailable",
+                "reload_incomplete",
+            ),
+            status=503,
+        )
+    if failed:  # the file changed again between the check here and a worker's reload
+        detail = "; ".join(f"worker {i}: {error}" for i, error in sorted(failed.items()))
+        return web.json_response(
+            error_body(f"policy rejected by some workers: {detail}", "invalid_request_error",
+                       "invalid_policy"),
+            status=400,
+        )  # fmt: skip
+    return web.json_response(
+        {"status": "reloaded", "policy": str(local.policy_path), "workers": len(wanted)}
+    )

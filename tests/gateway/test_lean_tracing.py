@@ -1,0 +1,348 @@
+"""Lean tracing: span records on the loop, OTLP protobuf from the export thread, decoded here.
+
+Every wire test sends through the real exporter thread to a real receiver (OTLP/HTTP on an
+aiohttp server, OTLP/gRPC on a grpc server) and decodes the bytes with opentelemetry-proto's
+generated classes: names, kinds, attributes, parentage, events and status as a collector sees
+them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]
+import pytest
+from aiohttp import web
+from multidict import CIMultiDict
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from bench.fake_upstream import site_port
+from gateway.observability.otlp import Encoder, Exporter, GrpcSender, HttpSender, SpanRecord
+from gateway.observability.spans import NOOP_REQUEST, Tracer, parse_traceparent
+from gateway.observability.tracing import body_attributes
+
+CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def spans(self) -> list[Span]:
+        out: list[Span] = []
+        for body in self.bodies:
+            message = ExportTraceServiceRequest()
+            message.ParseFromString(body)
+            for rs in message.resource_spans:
+                assert rs.resource.attributes[0].key == "service.name"
+                for ss in rs.scope_spans:
+                    out.extend(ss.spans)
+        return out
+
+
+@pytest.fixture
+async def http_receiver() -> AsyncIterator[tuple[Receiver, str]]:
+    receiver = Receiver()
+
+    async def traces(request: web.Request) -> web.Response:
+        assert request.content_type == "application/x-protobuf"
+        receiver.bodies.append(await request.read())
+        return web.Response(body=ExportTraceServiceResponse().SerializeToString())
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", traces)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield receiver, f"http://127.0.0.1:{site_port(site)}/v1/traces"
+    await runner.cleanup()
+
+
+@pytest.fixture
+def grpc_receiver() -> Iterator[tuple[Receiver, str]]:
+    receiver = Receiver()
+    lock = threading.Lock()
+
+    def export(body: bytes, context: Any) -> bytes:
+        with lock:
+            receiver.bodies.append(body)
+        response: bytes = ExportTraceServiceResponse().SerializeToString()
+        return response
+
+    handler = grpc.method_handlers_generic_handler(
+        "opentelemetry.proto.collector.trace.v1.TraceService",
+        {"Export": grpc.unary_unary_rpc_method_handler(export)},
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield receiver, f"http://127.0.0.1:{port}"
+    server.stop(0)
+
+
+def attrs(span: Span | Span.Event) -> dict[str, Any]:
+    def plain(value: AnyValue) -> Any:
+        kind = value.WhichOneof("value")
+        assert kind is not None
+        if kind == "array_value":
+            return [plain(v) for v in value.array_value.values]
+        return getattr(value, kind)
+
+    return {kv.key: plain(kv.value) for kv in span.attributes}
+
+
+def run_request(tracer: Tracer, prompt: str = "secret prompt") -> CIMultiDict[str]:
+    """What the orchestrator does for one hedged request; returns the upstream headers."""
+    headers = CIMultiDict({"traceparent": TRACEPARENT, "tracestate": "vendor=1"})
+    body = {"model": "m", "max_tokens": 16, "temperature": 0.2, "stream": True}
+    rs = tracer.start_request(operation="chat", request_model="m", headers=headers, body=body)
+    rs.decision({"surface": "voice", "tenant": "team-a", "priority": "interactive", "x": None})
+    with rs.child("gateway.cache.lookup", {"gateway.cache.result": "miss"}):
+        pass
+    with rs.child("gateway.route") as stage:
+        stage.set_attribute("gateway.route.reason", "prefix")
+    upstream: CIMultiDict[str] = CIMultiDict()
+    first = rs.attempt(
+        base_url="http://10.0.0.1:8000/v1", upstream_model="llama", backend="b", replica="r1"
+    )
+    first.inject(upstream)
+    hedge = rs.attempt(
+        base_url="http://10.0.0.2:8001/v1",
+        upstream_model="llama",
+        backend="b",
+        replica="r2",
+        hedge=True,
+        index=1,
+    )
+    hedge.first_chunk()
+    first.end("cancelled")
+    hedge.end("won", 200)
+    rs.first_token(123.0)
+    rs.budget_breach("ttft", 100.0, 123.0)
+    rs.decision({"hedge.fired": True, "hedge.winner": "hedge", "budget.headroom_ms": -23.0})
+    rs.response(
+        model="llama",
+        input_tokens=5,
+        output_tokens=7,
+        finish_reasons=["stop"],
+        server_url="http://10.0.0.2:8001/v1",
+    )
+    rs.content(f'[{{"role":"user","content":"{prompt}"}}]', '[{"content":"answer"}]')
+    rs.end(200)
+    return upstream
+
+
+async def _export(tracer: Tracer, exporter: Exporter) -> None:
+    assert await asyncio.to_thread(exporter.force_flush, 10.0)
+
+
+async def test_a_request_trace_over_otlp_http(http_receiver: tuple[Receiver, str]) -> None:
+    receiver, endpoint = http_receiver
+    exporter = Exporter.otlp(HttpSender(endpoint, {}), Encoder({"service.name": "llm-gateway"}))
+    tracer = Tracer(exporter, sample_ratio=0.0)  # the caller's sampled flag wins over the ratio
+    upstream = run_request(tracer)
+    await _export(tracer, exporter)
+    exporter.shutdown()
+    spans = receiver.spans()
+    by_name: dict[str, list[Span]] = {}
+    for span in spans:
+        by_name.setdefault(span.name, []).append(span)
+    assert sorted(by_name) == ["chat llama", "chat m", "gateway.cache.lookup", "gateway.route"]
+    (root,) = by_name["chat m"]
+    # The caller's trace is continued: same trace id, the caller's span as parent.
+    assert root.trace_id.hex() == CALLER_TRACE
+    assert root.parent_span_id.hex() == CALLER_SPAN
+    assert root.trace_state == "vendor=1"
+    assert root.kind == Span.SPAN_KIND_SERVER
+    a = attrs(root)
+    assert a["gen_ai.operation.name"] == "chat"
+    assert a["gen_ai.request.model"] == "m"
+    assert a["gen_ai.request.max_tokens"] == 16
+    assert a["gen_ai.request.temperature"] == 0.2
+    assert a["gen_ai.request.stream"] is True
+    assert a["gen_ai.response.model"] == "llama"
+    assert a["gen_ai.usage.input_tokens"] == 5
+    assert a["gen_ai.usage.output_tokens"] == 7
+    assert a["gen_ai.response.finish_reasons"] == ["stop"]
+    assert (a["server.address"], a["server.port"]) == ("10.0.0.2", 8001)
+    assert a["gateway.surface"] == "voice"
+    assert a["gateway.tenant"] == "team-a"
+    assert a["gateway.hedge.winner"] == "hedge"
+    assert a["gateway.budget.headroom_ms"] == -23.0
+    assert "gateway.x" not in a  # None values are skipped
+    assert "gen_ai.input.messages" not in a  # content is off unless opted in
+    assert a["http.response.status_code"] == 200
+    assert root.status.code == Status.STATUS_CODE_UNSET
+    assert [e.name for e in root.events] == ["first_token", "budget_breach"]
+    assert attrs(root.events[0]) == {"gateway.ttft_ms": 123.0}
+    assert attrs(root.events[1])["gateway.budget.kind"] == "ttft"
+    # Stages and attempts are children of the request span, in the same trace.
+    children = [s for s in spans if s is not root]
+    assert all(s.trace_id == root.trace_id for s in children)
+    assert all(s.parent_span_id == root.span_id for s in children)
+    assert attrs(by_name["gateway.route"][0]) == {"gateway.route.reason": "prefix"}
+    assert by_name["gateway.route"][0].kind == Span.SPAN_KIND_INTERNAL
+    first, hedge = sorted(by_name["chat llama"], key=lambda s: attrs(s)["gateway.attempt.index"])
+    assert first.kind == hedge.kind == Span.SPAN_KIND_CLIENT
+    assert attrs(first)["gateway.attempt.outcome"] == "cancelled"
+    assert attrs(hedge)["gateway.attempt.outcome"] == "won"
+    assert attrs(hedge)["gateway.replica"] == "r2"
+    assert attrs(hedge)["gateway.attempt.hedge"] is True
+    assert [e.name for e in hedge.events] == ["first_chunk"]
+    assert first.start_time_unix_nano <= first.end_time_unix_nano
+    # The upstream got the first attempt's context, and the caller's tracestate.
+    parsed = parse_traceparent(upstream["traceparent"])
+    assert parsed == (int(CALLER_TRACE, 16), int.from_bytes(first.span_id, "big"), True)
+    assert upstream["tracestate"] == "vendor=1"
+
+
+async def test_content_only_when_opted_in(http_receiver: tuple[Receiver, str]) -> None:
+    receiver, endpoint = http_receiver
+    exporter = Exporter.otlp(HttpSender(endpoint, {}), Encoder({"service.name": "x"}))
+    run_request(Tracer(exporter, record_content=True), prompt="hello there")
+    await _export(Tracer(exporter), exporter)
+    exporter.shutdown()
+    (root,) = [s for s in receiver.spans() if s.name == "chat m"]
+    assert "hello there" in attrs(root)["gen_ai.input.messages"]
+    assert attrs(root)["gen_ai.output.messages"] == '[{"content":"answer"}]'
+
+
+def test_the_same_trace_over_otlp_grpc(grpc_receiver: tuple[Receiver, str]) -> None:
+    receiver, endpoint = grpc_receiver
+    exporter = Exporter.otlp(
+        GrpcSender(endpoint, {"x-tenant": "t"}), Encoder({"service.name": "g"})
+    )
+    run_request(Tracer(exporter))
+    assert exporter.force_flush(10.0)
+    exporter.shutdown()
+    names = sorted(s.name for s in receiver.spans())
+    assert names == ["chat llama", "chat llama", "chat m", "gateway.cache.lookup", "gateway.route"]
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.records: list[SpanRecord] = []
+
+    def add(self, record: SpanRecord) -> None:
+        self.records.append(record)
+
+    def decoded(self) -> list[Span]:
+        encoder = Encoder({"service.name": "t"})
+        body = encoder.request([encoder.span(r) for r in self.records])
+        receiver = Receiver()
+        receiver.bodies.append(body)
+        return receiver.spans()
+
+
+def _request(tracer: Tracer, headers: dict[str, str], status: int, attempt: str = "ok") -> None:
+    rs = tracer.start_request(operation="chat", request_model="m", headers=headers)
+    rs.decision({"tenant": "t"})
+    at = rs.attempt(base_url="http://h:1/v1", upstream_model="m", backend="b", replica="r")
+    at.end(attempt, 502 if attempt == "http_5xx" else 200)
+    rs.end(status, "bad_gateway" if status >= 500 else None)
+
+
+def test_sampling_follows_the_caller_then_the_ratio() -> None:
+    sink = ListSink()
+    tracer = Tracer(sink, sample_ratio=0.0)
+    _request(tracer, {}, 200)
+    _request(tracer, {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"}, 200)  # unsampled
+    _request(tracer, {"traceparent": "00-zz-not-valid"}, 200)  # invalid: the ratio decides
+    assert sink.records == []
+    _request(tracer, {"traceparent": TRACEPARENT}, 200)
+    assert len(sink.records) == 2  # request + attempt
+    everyone = Tracer(ListSink(), sample_ratio=1.0)
+    assert everyone.start_request(operation="chat", request_model="m", headers={}).recording
+    assert Tracer(None).start_request(operation="chat", request_model="m", headers={}) is (
+        NOOP_REQUEST
+    )
+
+
+def test_unsampled_failures_are_kept_with_their_attempts_and_rate_limited() -> None:
+    sink = ListSink()
+    tracer = Tracer(sink, sample_ratio=0.0, trace_failures=True, failure_traces_per_s=2.0)
+    _request(tracer, {}, 200)
+    assert sink.records == []  # a success stays unrecorded
+    _request(tracer, {}, 502, attempt="http_5xx")
+    spans = sink.decoded()
+    (root,) = [s for s in spans if not s.parent_span_id]
+    (attempt,) = [s for s in spans if s.parent_span_id]
+    assert attempt.parent_span_id == root.span_id
+    assert attrs(root)["gateway.trace.kept"] == "failure"
+    assert attrs(root)["gateway.tenant"] == "t"
+    assert attrs(root)["error.type"] == "bad_gateway"
+    assert root.status.code == Status.STATUS_CODE_ERROR
+    assert attrs(attempt)["gateway.attempt.outcome"] == "http_5xx"
+    assert attempt.status.code == Status.STATUS_CODE_ERROR
+    for _ in range(10):  # an outage: at most the bucket's worth
+        _request(tracer, {}, 502, attempt="http_5xx")
+    roots = [s for s in sink.decoded() if not s.parent_span_id]
+    assert 2 <= len(roots) <= 3
+    quiet = Tracer(ListSink(), sample_ratio=0.0, trace_failures=False)
+    _request(quiet, {}, 502)
+    assert isinstance(quiet.sink, ListSink) and quiet.sink.records == []
+
+
+def test_a_full_queue_drops_and_counts_instead_of_growing() -> None:
+    exporter = Exporter.otlp(
+        HttpSender("http://127.0.0.1:9/v1/traces", {}),
+        Encoder({}),
+        max_queue=4,
+        schedule_s=60.0,
+        retry_s=0.0,
+    )
+    tracer = Tracer(exporter)
+    for _ in range(10):
+        _request(tracer, {}, 200)  # 20 spans into a queue of 4
+    assert exporter.dropped == 16
+    exporter.shutdown(5.0)  # the 4 queued spans meet a closed port: retried once, dropped
+    assert (exporter.exported, exporter.dropped) == (0, 20)
+
+
+def test_attributes_set_twice_are_sent_once() -> None:
+    sink = ListSink()
+    rs = Tracer(sink).start_request(operation="chat", request_model="m", headers={})
+    rs.response(model="a", server_url="http://h:1/v1")
+    rs.response(model="b", server_url="http://h:1/v1")  # e.g. a stream summary, then the body
+    rs.decision({"replica": "r1"})
+    rs.decision({"replica": "r2"})
+    rs.end(200)
+    (span,) = sink.decoded()
+    keys = [kv.key for kv in span.attributes]
+    assert len(keys) == len(set(keys))
+    assert attrs(span)["gen_ai.response.model"] == "b"  # the last value wins, as in the SDK
+    assert attrs(span)["gateway.replica"] == "r2"
+    assert attrs(span)["server.address"] == "h"
+
+
+def test_a_non_streamed_answer_is_summarized_in_the_export_thread() -> None:
+    sink = ListSink()
+    rs = Tracer(sink).start_request(operation="chat", request_model="m", headers={})
+    answer = (
+        b'{"id": "chatcmpl-1", "model": "llama", "choices": [{"index": 0, "finish_reason": '
+        b'"stop", "message": {"role": "assistant", "content": "hi"}}], '
+        b'"usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}'
+    )
+    rs.response_later(body_attributes(answer, "http://10.0.0.9:8000/v1"))
+    rs.response_later(body_attributes(b"not json", "http://10.0.0.9:8000/v1"))  # nothing from it
+    rs.end(200)
+    (span,) = sink.decoded()  # encoding (the export thread's job) is where it is parsed
+    a = attrs(span)
+    assert a["gen_ai.response.model"] == "llama"
+    assert a["gen_ai.response.id"] == "chatcmpl-1"
+    assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (3, 1)
+    assert a["gen_ai.response.finish_reasons"] == ["stop"]
+    assert (a["server.address"], a["server.port"]) == ("10.0.0.9", 8000)

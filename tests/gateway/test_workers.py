@@ -1,0 +1,241 @@
+"""Pre-forked workers: a real `llm-gateway serve --workers 2` in a subprocess, called over HTTP.
+
+Each test starts the CLI as an operator would, in front of a real fake upstream on loopback,
+and checks the group from outside: requests spread over both workers and /metrics sums them;
+a killed worker is replaced; SIGHUP (and POST /admin/reload) reloads every worker; SIGTERM lets
+a stream in flight finish, then every worker and the supervisor are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import FakeFactory, build_policy, pool_policy, vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Group:
+    proc: asyncio.subprocess.Process
+    root: str
+    policy: Path
+
+    def client(self, fresh_connections: bool = True) -> openai.AsyncOpenAI:
+        """An openai client; by default each request opens a new connection (so the kernel
+        spreads them over the workers' sockets)."""
+        return openai.AsyncOpenAI(
+            base_url=self.root + "/v1",
+            api_key="unused",
+            max_retries=0,
+            timeout=20,
+            default_headers={"Connection": "close"} if fresh_connections else None,
+        )
+
+    async def get(self, path: str) -> Any:
+        async with aiohttp.ClientSession() as session, session.get(self.root + path) as resp:
+            assert resp.status == 200, await resp.text()
+            if path == "/metrics":
+                return await resp.text()
+            return await resp.json()
+
+    async def workers(self) -> list[dict[str, Any]]:
+        answer = await self.get("/admin/workers")
+        workers: list[dict[str, Any]] = answer["workers"]
+        return workers
+
+    async def wait_for(
+        self, check: Callable[[list[dict[str, Any]]], bool], within_s: float = 20.0
+    ) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + within_s
+        workers: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError, AssertionError):
+                workers = await self.workers()
+                if check(workers):
+                    return workers
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"workers never got there: {workers}")
+
+
+StartGroup = Callable[[str], Awaitable[Group]]
+
+
+@pytest.fixture
+async def start_group(tmp_path: Path) -> AsyncIterator[StartGroup]:
+    procs: list[asyncio.subprocess.Process] = []
+
+    async def start(policy_yaml: str) -> Group:
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(policy_yaml)
+        port = _free_port()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy),
+            "--port", str(port), "--workers", str(WORKERS), "--log-level", "WARNING",
+            cwd=ROOT, start_new_session=True,
+        )  # fmt: skip
+        procs.append(proc)
+        group = Group(proc, f"http://127.0.0.1:{port}", policy)
+        await group.wait_for(lambda ws: len(ws) == WORKERS)
+        return group
+
+    yield start
+    for proc in procs:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+
+def _requests_total(text: str) -> float:
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "llm_gateway_requests"
+        for s in family.samples
+        if s.name == "llm_gateway_requests_total"
+    )
+
+
+async def _chat(client: openai.AsyncOpenAI, model: str = "m") -> str:
+    r = await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8
+    )
+    return r.choices[0].message.content or ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0): read its state.
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
+
+
+async def test_requests_spread_over_workers_and_metrics_sum_them(
+    make_fake: FakeFactory, start_group: StartGroup
+) -> None:
+    up = await make_fake()
+    group = await start_group(pool_policy([up.url]))
+    client = group.client()
+    answers = await asyncio.gather(*(_chat(client) for _ in range(40)))
+    await client.close()
+    assert all(a == "hello from the fake upstream" for a in answers)
+    workers = await group.workers()
+    served = [w["requests"] for w in workers]
+    assert len({w["pid"] for w in workers}) == WORKERS
+    assert all(n > 0 for n in served), served  # 40 fresh connections hashed over 2 sockets
+    assert sum(served) == 40
+    text = await group.get("/metrics")
+    assert _requests_total(text) == 40  # the group's sum, whichever worker answered
+    assert len(up.fake.requests) == 40
+    # Rolling SLO percentiles cannot be added: each worker's series keeps its own label.
+    latency = [
+        s
+        for f in text_string_to_metric_families(text)
+        if f.name == "llm_gateway_surface_latency_seconds"
+        for s in f.samples
+    ]
+    assert {s.labels["worker"] for s in latency} == {"0", "1"}
+    surfaces = await group.get("/admin/surfaces")  # this worker's view, and every worker's
+    assert [w["worker"] for w in surfaces["workers"]] == [0, 1]
+    assert surfaces["missing"] == [] and "default" in surfaces["surfaces"]
+
+
+async def test_a_killed_worker_is_replaced(make_fake: FakeFactory, start_group: StartGroup) -> None:
+    up = await make_fake()
+    group = await start_group(pool_policy([up.url]))
+    before = await group.workers()
+    victim = before[0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    after = await group.wait_for(
+        lambda ws: len(ws) == WORKERS and victim not in {w["pid"] for w in ws}
+    )
+    assert {w["worker"] for w in after} == {0, 1}
+    client = group.client()
+    answers = await asyncio.gather(*(_chat(client) for _ in range(20)))
+    await client.close()
+    assert len(answers) == 20
+    assert group.proc.returncode is None
+
+
+async def test_sighup_and_admin_reload_reach_every_worker(
+    make_fake: FakeFactory, start_group: StartGroup
+) -> None:
+    up = await make_fake()
+    group = await start_group(pool_policy([up.url]))
+    models = {name: {"backend": "up", "model": "fake-model"} for name in ("m", "m2")}
+    group.policy.write_text(build_policy({"up": vllm(up.url)}, models))
+    os.kill(group.proc.pid, signal.SIGHUP)
+    workers = await group.wait_for(lambda ws: all("m2" in w["models"] for w in ws))
+    assert [w["reloads"] for w in workers] == [1] * WORKERS
+    client = group.client()
+    assert await asyncio.gather(*(_chat(client, "m2") for _ in range(10)))
+    await client.close()
+
+    # A bad file: refused before any worker is touched; a good one: every worker confirms.
+    group.policy.write_text("backends: {}\nmodels: {x: {backend: nowhere}}\n")
+    async with aiohttp.ClientSession() as session:
+        async with session.post(group.root + "/admin/reload") as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["code"] == "invalid_policy"
+        assert [w["reloads"] for w in await group.workers()] == [1] * WORKERS
+        group.policy.write_text(pool_policy([up.url]))
+        async with session.post(group.root + "/admin/reload") as resp:
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["workers"] == WORKERS
+    workers = await group.workers()
+    assert [w["reloads"] for w in workers] == [2] * WORKERS
+    assert all("m2" not in w["models"] for w in workers)
+
+
+async def test_sigterm_drains_streams_in_flight_then_stops_every_process(
+    make_fake: FakeFactory, start_group: StartGroup
+) -> None:
+    up = await make_fake(chunks=10, chunk_interval_ms=100)  # a stream of about 1 s
+    group = await start_group(pool_policy([up.url]))
+    pids = [w["pid"] for w in await group.workers()]
+    client = group.client()
+    stream = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    chunks: list[openai.types.chat.ChatCompletionChunk] = []
+    async for chunk in stream:
+        if not chunks:
+            os.kill(group.proc.pid, signal.SIGTERM)  # mid-stream
+        chunks.append(chunk)
+    await client.close()
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) == 10
+    assert await asyncio.wait_for(group.proc.wait(), 20) == 0
+    assert not any(_alive(pid) for pid in pids)
+    with (
+        pytest.raises(ConnectionRefusedError),
+        socket.create_connection(("127.0.0.1", int(group.root.rsplit(":", 1)[1])), 1),
+    ):
+        pass
