@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # the tier stage imports numpy: loaded only for policies with
 
 __all__ = ["LABELS_KEY", "STATUS_KEY", "Orchestrator"]
 
+_NO_TICKET = nullcontext()  # reusable: a surface that does not queue has nothing to release
 UNKNOWN_MODEL = "unknown"  # the model label of requests that never named a served model
 
 # A traced answer up to this size is kept until its span is exported and parsed there.
@@ -106,7 +107,7 @@ class Orchestrator:
                 # Tiered aliases: small or large, or cascade (a spent budget's downgrade: neither)
                 tier = None if quota.downgraded else await self.choose_tier(call)
                 targets = tier.targets if tier is not None else quota.targets
-                async with self.admitted(call, targets[0]):  # priority admission
+                with await self.admit(call, targets[0]):  # priority admission
                     if tier is not None and tier.cascade:
                         served = await self.serve_cascade(call, tier, lookup, quota)
                     else:
@@ -234,13 +235,12 @@ class Orchestrator:
 
     # --- 4. admission -----------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def admitted(self, call: Call, target: Destination) -> AsyncIterator[None]:
-        """Wait in priority order while the target's pool is saturated."""
+    async def admit(self, call: Call, target: Destination) -> AbstractContextManager[object]:
+        """Wait in priority order while the target's pool is saturated; the ticket (released
+        when its ``with`` ends), or nothing to release when the surface does not queue."""
         queue, plan = target.pool.admission, call.plan
         if not plan.actions.admission or queue is None:
-            yield
-            return
+            return _NO_TICKET
         budget_ms = plan.budget.ttft_ms or plan.budget.total_ms
         max_wait = (
             None if budget_ms is None else budget_ms / 1000 - (time.perf_counter() - call.started)
@@ -254,10 +254,7 @@ class Orchestrator:
             ) from exc
         if ticket.waited_s:
             call.span.decision({"admission.waited_ms": round(ticket.waited_s * 1000, 2)})
-        try:
-            yield
-        finally:
-            ticket.release()
+        return ticket
 
     # --- 5. upstream and relay ---------------------------------------------------------------
 
@@ -379,9 +376,7 @@ class Orchestrator:
         if itl_ms is not None:
             call.rt.latency.observe_itl(key, itl_ms)
         if result.body is not None and span.recording:
-            if quota.answer is not None:  # already parsed (for its usage): no second parse
-                _span_response(span, quota.answer, key)
-            elif len(result.body) <= LAZY_BODY_MAX:  # parsed in the export thread, not here
+            if len(result.body) <= LAZY_BODY_MAX:  # parsed in the export thread, not here
                 span.response_later(body_attributes(result.body, key))
             else:  # the export queue must not hold large answers
                 _span_response(span, summarize_body(result.body), key)

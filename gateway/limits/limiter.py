@@ -50,6 +50,7 @@ log = logging.getLogger("llm_gateway.limits")
 Reason = Literal["requests", "tokens", "concurrency", "budget", "unavailable"]
 _Label = tuple[Literal["requests", "tokens"], bool]  # a bucket's kind, and whether per surface
 _ADJECTIVE = {"day": "daily", "week": "weekly", "month": "monthly"}
+FLUSH_S = 0.25  # how late the usage of an unlimited request may be written
 
 
 class LimitExceeded(Exception):
@@ -96,6 +97,7 @@ class Limiter:
         self._leases: dict[str, tuple[str, ...]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._renewer: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
         self._ids = itertools.count()
         self._lease_prefix = os.urandom(6).hex()
         self._outage = False
@@ -121,9 +123,16 @@ class Limiter:
         await self.store.aclose()
 
     async def drain(self) -> None:
-        """Wait for the settlements in flight (tests, shutdown)."""
+        """Wait for the settlements in flight and write the deferred records (tests, shutdown)."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+            self._flusher = None
+        with contextlib.suppress(StoreUnavailable):
+            await self.ledger.flush()
 
     def now_s(self) -> float:
         return self._clock() if self._clock is not None else time.time()
@@ -263,10 +272,21 @@ class Limiter:
     # ---- settlement ----------------------------------------------------------------------
 
     def finish(self, admission: Admission, record: UsageRecord | None) -> None:
-        """Settle in the background: ``record`` None means the request failed (no usage)."""
+        """Settle in the background: ``record`` None means the request failed (no usage).
+
+        A request that holds nothing (no limit, no budget: only its usage to account for) is
+        not written on its own: its record is merged in memory and written with the others of
+        its tenant at the next flush (``FLUSH_S``), one store call for many requests.
+        """
         if admission.settled:
             return
         admission.settled = True
+        subject = admission.subject
+        if not subject.limited and subject.budget is None:
+            if record is not None:
+                self.ledger.defer(subject, record)
+                self._flush_soon()
+            return
         if admission.lease_id:
             self._leases.pop(admission.lease_id, None)
         task = asyncio.get_running_loop().create_task(self.settle(admission, record))
@@ -286,6 +306,15 @@ class Limiter:
 
     async def flush(self) -> None:
         await self.ledger.flush()
+
+    def _flush_soon(self) -> None:
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(FLUSH_S)
+        with contextlib.suppress(StoreUnavailable):
+            await self.ledger.flush()
 
     async def _renew_loop(self) -> None:
         interval = self.lease_ttl_ms / 3000

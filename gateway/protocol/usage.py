@@ -21,6 +21,40 @@ from gateway.protocol.openai import ParsedRequest
 from gateway.protocol.sse import EventSplitter, payloads
 
 _NULL_USAGE = (b'"usage":null', b'"usage": null')
+_USAGE_KEY = b'"usage"'
+_DECODER = json.JSONDecoder()
+
+
+def usage_in(body: bytes) -> dict[str, Any] | None:
+    """The ``usage`` object of a whole (non-streamed) answer, read without parsing the rest.
+
+    Inside a JSON string every quote is escaped, so ``"usage"`` followed by a colon is a key;
+    the last one is the answer's own (it comes after the choices). Anything unexpected falls
+    back to parsing the whole answer.
+    """
+    at = body.rfind(_USAGE_KEY)
+    if at >= 0:
+        rest = body[at + len(_USAGE_KEY) :].lstrip()
+        if rest.startswith(b":"):
+            try:
+                value, _ = _DECODER.raw_decode(rest[1:].lstrip().decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                value = None
+            if isinstance(value, dict):
+                return value
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    usage = data.get("usage") if isinstance(data, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def _names_usage(data: bytes) -> bool:
+    """Whether ``data`` holds a usage that is not null (chunks of a stream asked for its usage
+    carry ``"usage": null`` until the last)."""
+    named = data.count(_USAGE_KEY)
+    return named > 0 and named > sum(data.count(null) for null in _NULL_USAGE)
 
 
 def asks_usage(body: dict[str, Any]) -> bool:
@@ -47,6 +81,11 @@ class UsageTap:
 
     def feed(self, data: bytes) -> bytes:
         """The bytes to send on for ``data`` (all of them unless a usage chunk is stripped)."""
+        if not self._events.pending and data.endswith(b"\n\n") and not _names_usage(data):
+            # Whole events naming no usage (most reads of a stream): nothing to read or take
+            # out, and no event is left half-read for the next one.
+            self.events += data.count(b"\n\n")
+            return data
         kept: list[bytes] = []
         for event in self._events.feed(data):
             self.events += 1

@@ -21,9 +21,9 @@ left mid-answer is charged its prompt estimate and the stream events it was sent
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import TracebackType
 
 from gateway.call import STATUS_KEY, Call
 from gateway.errors import GatewayError, QuotaExceeded, RateLimited, Unavailable
@@ -32,10 +32,9 @@ from gateway.limits.estimate import output_tokens, prompt_tokens, reserve_tokens
 from gateway.limits.limiter import Admission, LimitExceeded
 from gateway.limits.rules import RateLimits
 from gateway.limits.usage import UsageRecord
-from gateway.observability.summary import ResponseSummary, summarize_body
 from gateway.observability.usage_metrics import UsageMetrics
 from gateway.protocol.openai import Endpoint
-from gateway.protocol.usage import UsageTap
+from gateway.protocol.usage import UsageTap, usage_in
 from gateway.runtime import Destination
 from gateway.upstream.attempts import Attempt
 
@@ -52,7 +51,7 @@ class Quota:
     price: Price | None = None  # of the destination that answered
     cache_hit: bool = False
     tap: UsageTap | None = None  # a live stream's usage chunk
-    answer: ResponseSummary | None = None  # a whole answer, read once (the span reuses it)
+    answer_usage: Usage | None = None  # a whole answer's usage (its usage object alone)
     spent: list[tuple[Usage, Price | None]] = field(default_factory=list)  # answers not served
 
     def headers(self) -> dict[str, str]:
@@ -64,8 +63,8 @@ class Quota:
     def usage(self) -> Usage | None:
         if self.cache_hit:
             return Usage()
-        if self.answer is not None and self.answer.usage is not None:
-            return Usage.read(self.answer.usage)
+        if self.answer_usage is not None:
+            return self.answer_usage
         return self.tap.usage if self.tap is not None else None
 
     def estimate(self, left: bool = False) -> Usage:
@@ -94,34 +93,48 @@ class Quota:
         if attempt is not None:
             self.price = attempt.target.price
         if not self.cache_hit:
-            self.answer = summarize_body(body)
+            self.answer_usage = Usage.read(usage_in(body))
         cost = self.cost(self.usage() or self.estimate())
         return {} if cost is None else {"x-gateway-cost-usd": usd_text(cost)}
+
+
+class Limited:
+    """The limits around one request (a class, not a generator: one less frame and object)."""
+
+    __slots__ = ("call", "quota", "stage", "targets")
+
+    def __init__(self, stage: LimitStage, call: Call, targets: list[Destination]) -> None:
+        self.stage = stage
+        self.call = call
+        self.targets = targets
+        self.quota: Quota | None = None
+
+    async def __aenter__(self) -> Quota:
+        self.quota = await self.stage.admit(self.call, self.targets)
+        return self.quota
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        quota, stage, call = self.quota, self.stage, self.call
+        if quota is None:
+            return
+        if isinstance(exc, GatewayError):
+            exc.headers.update(quota.admission.headers())
+            stage.settle(call, quota, None)
+        elif isinstance(exc, asyncio.CancelledError):
+            stage.settle(call, quota, quota.usage() or quota.estimate(left=True), left=True)
+        else:
+            stage.settle(call, quota, stage.used(call, quota))
 
 
 class LimitStage:
     def __init__(self, metrics: UsageMetrics) -> None:
         self.metrics = metrics
 
-    @asynccontextmanager
-    async def limited(self, call: Call, targets: list[Destination]) -> AsyncIterator[Quota]:
-        """Admit ``call`` (or raise a 429/503); settle what it used when the block ends."""
-        quota = await self.admit(call, targets)
-        ended = False
-        try:
-            yield quota
-        except GatewayError as exc:
-            ended = True
-            exc.headers.update(quota.admission.headers())
-            self.settle(call, quota, None)
-            raise
-        except asyncio.CancelledError:
-            ended = True
-            self.settle(call, quota, quota.usage() or quota.estimate(left=True), left=True)
-            raise
-        finally:
-            if not ended:
-                self.settle(call, quota, self._used(call, quota))
+    def limited(self, call: Call, targets: list[Destination]) -> Limited:
+        """``async with``: admit ``call`` (or raise a 429/503); settle what it used at the end."""
+        return Limited(self, call, targets)
 
     async def admit(self, call: Call, targets: list[Destination]) -> Quota:
         rt, parsed = call.rt, call.parsed
@@ -152,7 +165,7 @@ class LimitStage:
             call.span.decision({"limits.degraded": True})
         return quota
 
-    def _used(self, call: Call, quota: Quota) -> Usage | None:
+    def used(self, call: Call, quota: Quota) -> Usage | None:
         """What an answer used: reported, else estimated; None when nothing was generated."""
         usage = quota.usage()
         if usage is not None:
