@@ -8,12 +8,8 @@ through the one relay path (``gateway.upstream.relay``) with the same ``RelayPla
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -28,27 +24,24 @@ from gateway.call import (
     read_body,
     upstream_headers,
 )
-from gateway.errors import BadRequest, GatewayError, Unavailable
+from gateway.errors import BadRequest, Unavailable
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import RequestTiming, SloTracker
-from gateway.observability.summary import ResponseSummary, StreamSummarizer, summarize_body
-from gateway.observability.tracing import RequestSpan, body_attributes
 from gateway.protocol.openai import Endpoint, ParsedRequest, parse_request
 from gateway.protocol.usage import UsageTap, asks_usage, with_usage
 from gateway.runtime import Destination, Runtime
 from gateway.stages.cache import (
     Lookup,
-    StreamCapture,
     cache_headers,
     cache_state,
     replayed,
     storable,
 )
 from gateway.stages.limits import LimitStage, Quota
+from gateway.stages.record import Recorder, Served, Watch, ms_since
 from gateway.upstream.attempts import Attempt, AttemptOpener
 from gateway.upstream.relay import Relayed, RelayPlan, relay, send_answer
 from routing.admission import AdmissionRejected
-from routing.latency import queue_of
 
 if TYPE_CHECKING:  # the tier stage imports numpy: loaded only for policies with tiers
     from gateway.stages.tiers import TierChoice
@@ -57,9 +50,6 @@ __all__ = ["LABELS_KEY", "STATUS_KEY", "Orchestrator"]
 
 _NO_TICKET = nullcontext()  # reusable: a surface that does not queue has nothing to release
 UNKNOWN_MODEL = "unknown"  # the model label of requests that never named a served model
-
-# A traced answer up to this size is kept until its span is exported and parsed there.
-LAZY_BODY_MAX = 64 * 1024
 
 _OPERATION = {
     Endpoint.CHAT: "chat",
@@ -74,6 +64,7 @@ class Orchestrator:
     def __init__(self, metrics: GatewayMetrics, slo: SloTracker) -> None:
         self.metrics = metrics
         self.slo = slo
+        self.recorder = Recorder(metrics, slo)
         self.opener = AttemptOpener(metrics)
         self.limits = LimitStage(metrics.usage)
 
@@ -94,7 +85,7 @@ class Orchestrator:
 
     async def run(self, call: Call) -> web.StreamResponse:
         rt = call.rt
-        with self.outcome(call) as done:
+        with self.recorder.outcome(call) as done:
             targets = rt.targets(call.parsed.model, call.parsed.endpoint)  # unknown model: 404
             call.request[LABELS_KEY] = (call.parsed.model, "", "")
             # The tenant's limits and budget (429 here); its usage and cost when this ends.
@@ -112,7 +103,7 @@ class Orchestrator:
                         served = await self.serve_cascade(call, tier, lookup, quota)
                     else:
                         served = await self.serve_direct(call, targets, tier, lookup, quota)
-                self.record(call, served, quota)  # latency per replica, the SLO, the span
+                self.recorder.record(call, served)  # latency per replica, the SLO, the span
                 self.fill_cache(call, lookup, served)  # in the background, complete answers only
                 return done(served.relayed)
 
@@ -177,10 +168,6 @@ class Orchestrator:
             strip_usage=strip_usage,
         )
 
-    def outcome(self, call: Call) -> Outcome:
-        """Ends the request's span with its status; a failure counts against the surface's SLO."""
-        return Outcome(call, self.slo)
-
     # --- 2. cache --------------------------------------------------------------------------
 
     async def look_up(self, call: Call) -> Lookup:
@@ -194,7 +181,7 @@ class Orchestrator:
 
     async def serve_cached(self, call: Call, lookup: Lookup, quota: Quota) -> Relayed:
         assert lookup.hit is not None  # the caller's branch
-        self.slo.observe(call.plan.name, RequestTiming(_ms_since(call.started)))
+        self.slo.observe(call.plan.name, RequestTiming(ms_since(call.started)))
         quota.cache_hit = True  # no upstream tokens, no cost
         plan = self.relay_plan(call, cache_headers(lookup.hit), Watch(), None, quota)
         return await send_answer(call.request, replayed(lookup.hit), plan)
@@ -355,61 +342,6 @@ class Orchestrator:
 
     # --- 6. after the answer -----------------------------------------------------------------
 
-    def record(self, call: Call, served: Served, quota: Quota) -> None:
-        """Latency per replica, the surface's SLO and budget breaches, the span's response."""
-        result, attempt = served.relayed.result, served.relayed.attempt
-        assert attempt is not None  # live or held answers come from an attempt
-        span, plan, model = call.span, call.plan, call.parsed.model
-        replica = attempt.decision.replica
-        key = replica.base_url
-        ttft_ms = None
-        if result.first_at is not None:
-            ttft_ms = (result.first_at - call.started) * 1000
-            pool_name = attempt.target.pool.name
-            self.metrics.ttft_child(model, pool_name, replica.name).observe(ttft_ms / 1000)
-            if result.live:  # a held answer's first chunk says nothing of the replica's TTFT
-                call.rt.latency.observe_ttft(
-                    key, (result.first_at - attempt.opened_at) * 1000, queue=queue_of(replica)
-                )
-            span.first_token(ttft_ms)
-        itl_ms = result.mean_gap_ms()
-        if itl_ms is not None:
-            call.rt.latency.observe_itl(key, itl_ms)
-        if result.body is not None and span.recording:
-            if len(result.body) <= LAZY_BODY_MAX:  # parsed in the export thread, not here
-                span.response_later(body_attributes(result.body, key))
-            else:  # the export queue must not hold large answers
-                _span_response(span, summarize_body(result.body), key)
-        elif served.watch.summary is not None:
-            _span_response(span, served.watch.summary.summary, key)
-        if result.deadline_hit:
-            self.metrics.deadlines.labels(plan.name).inc()
-        if span.keeps_decisions:
-            span.decision(
-                {
-                    "backend": attempt.target.pool.name,
-                    "replica": replica.name,
-                    "route.reason": attempt.decision.reason,
-                    "route.prefix_match": attempt.decision.matched_prefix,
-                    "hedge.fired": attempt.hedged,
-                    "hedge.winner": attempt.winner if attempt.hedged else None,
-                    "deadline.hit": result.deadline_hit or None,
-                }
-            )
-        if 400 <= result.status < 500:
-            return  # the client's error: not the surface's latency
-        timing = RequestTiming(_ms_since(call.started), ttft_ms, itl_ms, ok=result.status < 500)
-        verdict = self.slo.observe(plan.name, timing)
-        budget = plan.budget
-        if budget.ttft_ms is not None and ttft_ms is not None:
-            span.decision({"budget.ttft_headroom_ms": round(budget.ttft_ms - ttft_ms, 2)})
-            if verdict.ttft:
-                span.budget_breach("ttft", budget.ttft_ms, ttft_ms)
-        if verdict.itl and budget.itl_ms is not None and itl_ms is not None:
-            span.budget_breach("itl", budget.itl_ms, itl_ms)
-        if verdict.total and budget.total_ms is not None:
-            span.budget_breach("total", budget.total_ms, timing.total_ms)
-
     def fill_cache(self, call: Call, lookup: Lookup, served: Served) -> None:
         result = served.relayed.result
         cache, policy = call.rt.cache, call.plan.cache
@@ -418,71 +350,6 @@ class Orchestrator:
         capture = served.watch.capture
         answer = capture.assembled if capture is not None else storable(result.body)
         cache.fill_later(call, lookup, policy, answer)
-
-
-class Outcome:
-    """``with orchestrator.outcome(call) as done``: a plain context manager (its exit does no
-    I/O), so no generator or coroutine is made for it on every request."""
-
-    __slots__ = ("call", "slo", "status")
-
-    def __init__(self, call: Call, slo: SloTracker) -> None:
-        self.call = call
-        self.slo = slo
-        self.status = 500
-
-    def __enter__(self) -> Callable[[Relayed], web.StreamResponse]:
-        return self.done
-
-    def done(self, served: Relayed) -> web.StreamResponse:
-        self.status = served.result.status
-        self.call.request[STATUS_KEY] = self.status
-        return served.response
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        call, error_type = self.call, None
-        if isinstance(exc, GatewayError):
-            self.status = exc.status
-            if exc.status >= 500:  # a client's error (4xx) is not the server span's error
-                error_type = exc.code or exc.type
-        elif isinstance(exc, asyncio.CancelledError):
-            self.status = 499  # the client went away: not the server's failure
-        elif isinstance(exc, ConnectionError):  # the client went away while its answer was written
-            transport = call.request.transport
-            if transport is None or transport.is_closing():
-                self.status = 499
-        status = self.status
-        if status >= 500 and status != 499 and STATUS_KEY not in call.request:
-            self.slo.observe(call.plan.name, RequestTiming(_ms_since(call.started), ok=False))
-        call.span.end(status, error_type)
-
-
-@dataclass(slots=True)
-class Watch:
-    """Who reads a streamed answer as it is sent: the span's summary, the cache's capture."""
-
-    summary: StreamSummarizer | None = None
-    capture: StreamCapture | None = None
-
-    @classmethod
-    def of(cls, call: Call, lookup: Lookup) -> Watch:
-        if not call.parsed.stream:
-            return cls()
-        return cls(
-            StreamSummarizer() if call.span.recording else None,
-            StreamCapture() if lookup.fills else None,
-        )
-
-    def feeders(self) -> tuple[Callable[[bytes], None], ...]:
-        return tuple(w.feed for w in (self.summary, self.capture) if w is not None)
-
-
-@dataclass(slots=True)
-class Served:
-    relayed: Relayed
-    watch: Watch
 
 
 def _label(call: Call, attempt: Attempt) -> None:
@@ -500,18 +367,3 @@ def _attempt_headers(attempt: Attempt) -> dict[str, str]:
     if attempt.hedged:
         headers["x-gateway-hedge"] = attempt.winner
     return headers
-
-
-def _span_response(span: RequestSpan, summary: ResponseSummary, server_url: str) -> None:
-    span.response(
-        model=summary.model,
-        response_id=summary.response_id,
-        input_tokens=summary.input_tokens,
-        output_tokens=summary.output_tokens,
-        finish_reasons=summary.finish_reasons,
-        server_url=server_url,
-    )
-
-
-def _ms_since(started: float) -> float:
-    return (time.perf_counter() - started) * 1000

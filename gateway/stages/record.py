@@ -1,0 +1,175 @@
+"""After an answer: what it tells the metrics, the latency tracker, the surface's SLO and the
+request's span; and the outcome of a request however it ends (``Recorder.outcome``).
+
+A stream is read as it goes by the ``Watch`` the relay feeds (the span's summary, the cache's
+capture); a whole answer traced is summarised in the export thread when it is small
+(``LAZY_BODY_MAX``), here otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+
+from aiohttp import web
+
+from gateway.call import STATUS_KEY, Call
+from gateway.errors import GatewayError
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.slo import RequestTiming, SloTracker
+from gateway.observability.summary import ResponseSummary, StreamSummarizer, summarize_body
+from gateway.observability.tracing import RequestSpan, body_attributes
+from gateway.stages.cache import Lookup, StreamCapture
+from gateway.upstream.relay import Relayed
+from routing.latency import queue_of
+
+# A traced answer up to this size is kept until its span is exported and parsed there.
+LAZY_BODY_MAX = 64 * 1024
+
+
+class Recorder:
+    def __init__(self, metrics: GatewayMetrics, slo: SloTracker) -> None:
+        self.metrics = metrics
+        self.slo = slo
+
+    def outcome(self, call: Call) -> Outcome:
+        """Ends the request's span with its status; a failure counts against the surface's SLO."""
+        return Outcome(call, self.slo)
+
+    def record(self, call: Call, served: Served) -> None:
+        """Latency per replica, the surface's SLO and budget breaches, the span's response."""
+        result, attempt = served.relayed.result, served.relayed.attempt
+        assert attempt is not None  # live or held answers come from an attempt
+        span, plan, model = call.span, call.plan, call.parsed.model
+        replica = attempt.decision.replica
+        key = replica.base_url
+        ttft_ms = None
+        if result.first_at is not None:
+            ttft_ms = (result.first_at - call.started) * 1000
+            pool_name = attempt.target.pool.name
+            self.metrics.ttft_child(model, pool_name, replica.name).observe(ttft_ms / 1000)
+            if result.live:  # a held answer's first chunk says nothing of the replica's TTFT
+                call.rt.latency.observe_ttft(
+                    key, (result.first_at - attempt.opened_at) * 1000, queue=queue_of(replica)
+                )
+            span.first_token(ttft_ms)
+        itl_ms = result.mean_gap_ms()
+        if itl_ms is not None:
+            call.rt.latency.observe_itl(key, itl_ms)
+        if result.body is not None and span.recording:
+            if len(result.body) <= LAZY_BODY_MAX:  # parsed in the export thread, not here
+                span.response_later(body_attributes(result.body, key))
+            else:  # the export queue must not hold large answers
+                _span_response(span, summarize_body(result.body), key)
+        elif served.watch.summary is not None:
+            _span_response(span, served.watch.summary.summary, key)
+        if result.deadline_hit:
+            self.metrics.deadlines.labels(plan.name).inc()
+        if span.keeps_decisions:
+            span.decision(
+                {
+                    "backend": attempt.target.pool.name,
+                    "replica": replica.name,
+                    "route.reason": attempt.decision.reason,
+                    "route.prefix_match": attempt.decision.matched_prefix,
+                    "hedge.fired": attempt.hedged,
+                    "hedge.winner": attempt.winner if attempt.hedged else None,
+                    "deadline.hit": result.deadline_hit or None,
+                }
+            )
+        if 400 <= result.status < 500:
+            return  # the client's error: not the surface's latency
+        timing = RequestTiming(ms_since(call.started), ttft_ms, itl_ms, ok=result.status < 500)
+        verdict = self.slo.observe(plan.name, timing)
+        budget = plan.budget
+        if budget.ttft_ms is not None and ttft_ms is not None:
+            span.decision({"budget.ttft_headroom_ms": round(budget.ttft_ms - ttft_ms, 2)})
+            if verdict.ttft:
+                span.budget_breach("ttft", budget.ttft_ms, ttft_ms)
+        if verdict.itl and budget.itl_ms is not None and itl_ms is not None:
+            span.budget_breach("itl", budget.itl_ms, itl_ms)
+        if verdict.total and budget.total_ms is not None:
+            span.budget_breach("total", budget.total_ms, timing.total_ms)
+
+
+class Outcome:
+    """``with orchestrator.outcome(call) as done``: a plain context manager (its exit does no
+    I/O), so no generator or coroutine is made for it on every request."""
+
+    __slots__ = ("call", "slo", "status")
+
+    def __init__(self, call: Call, slo: SloTracker) -> None:
+        self.call = call
+        self.slo = slo
+        self.status = 500
+
+    def __enter__(self) -> Callable[[Relayed], web.StreamResponse]:
+        return self.done
+
+    def done(self, served: Relayed) -> web.StreamResponse:
+        self.status = served.result.status
+        self.call.request[STATUS_KEY] = self.status
+        return served.response
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        call, error_type = self.call, None
+        if isinstance(exc, GatewayError):
+            self.status = exc.status
+            if exc.status >= 500:  # a client's error (4xx) is not the server span's error
+                error_type = exc.code or exc.type
+        elif isinstance(exc, asyncio.CancelledError):
+            self.status = 499  # the client went away: not the server's failure
+        elif isinstance(exc, ConnectionError):  # the client went away while its answer was written
+            transport = call.request.transport
+            if transport is None or transport.is_closing():
+                self.status = 499
+        status = self.status
+        if status >= 500 and status != 499 and STATUS_KEY not in call.request:
+            self.slo.observe(call.plan.name, RequestTiming(ms_since(call.started), ok=False))
+        call.span.end(status, error_type)
+
+
+@dataclass(slots=True)
+class Watch:
+    """Who reads a streamed answer as it is sent: the span's summary, the cache's capture."""
+
+    summary: StreamSummarizer | None = None
+    capture: StreamCapture | None = None
+
+    @classmethod
+    def of(cls, call: Call, lookup: Lookup) -> Watch:
+        if not call.parsed.stream:
+            return cls()
+        return cls(
+            StreamSummarizer() if call.span.recording else None,
+            StreamCapture() if lookup.fills else None,
+        )
+
+    def feeders(self) -> tuple[Callable[[bytes], None], ...]:
+        return tuple(w.feed for w in (self.summary, self.capture) if w is not None)
+
+
+@dataclass(slots=True)
+class Served:
+    relayed: Relayed
+    watch: Watch
+
+
+def _span_response(span: RequestSpan, summary: ResponseSummary, server_url: str) -> None:
+    span.response(
+        model=summary.model,
+        response_id=summary.response_id,
+        input_tokens=summary.input_tokens,
+        output_tokens=summary.output_tokens,
+        finish_reasons=summary.finish_reasons,
+        server_url=server_url,
+    )
+
+
+def ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000
