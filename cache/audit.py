@@ -12,11 +12,14 @@ The two answers are compared here:
   its answer differently, a model asked another question says something else.
 
 Per namespace, the audit keeps the audited hits and the false hits among them and states the
-rate as a Wilson interval. When at least one false hit was seen and the one-sided 95% upper
-bound exceeds the surface's ``max_false_hit_rate``, the namespace's threshold is tightened by
-one step (``TIGHTEN_STEP`` of score, to the next calibrated threshold at or above it; past the
-last one, semantic hits stop for that namespace). It is never loosened: going back to the shipped operating point
-is an operator's decision (``DELETE /admin/cache/thresholds``) or a restart. Each further
+rate as a Wilson interval; hits served by the statement gate (``cache.statements``) are kept
+apart, under ``<namespace>/statements``, and measured against ``1 - min_precision`` (the share
+of statement hits that may be wrong) instead of ``max_false_hit_rate``. When at least one
+false hit was seen and the one-sided 95% upper bound exceeds the bound, the threshold of that
+namespace and kind of pair is tightened by one step (``TIGHTEN_STEP`` of score, to the next
+calibrated threshold at or above it; past the last one, that kind of semantic hit stops for
+the namespace). It is never loosened: going back to the shipped operating point is an
+operator's decision (``DELETE /admin/cache/thresholds``) or a restart. Each further
 tightening needs a new false hit.
 
 The audit's upstream cost is bounded by ``audit_per_minute`` (a sliding one-minute window per
@@ -31,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from cache.calibration import NEVER, CalibrationTable, wilson, wilson_upper
+from cache.calibration import NEVER, CalibrationTable, PrecisionTable, wilson, wilson_upper
 
 SHORT_WORDS = 12
 TIGHTEN_STEP = 0.02
@@ -124,7 +127,7 @@ class AuditBook:
         agree: bool,
         threshold: float,
         bound: float,
-        calibration: CalibrationTable | None,
+        calibration: CalibrationTable | PrecisionTable | None,
     ) -> float | None:
         """Count one audited hit; return a new, higher threshold when the bound is broken."""
         state = self.namespaces.setdefault(namespace, NamespaceAudit())
@@ -152,7 +155,9 @@ class AuditBook:
         }
 
 
-def tighter_threshold(current: float, calibration: CalibrationTable | None) -> float:
+def tighter_threshold(
+    current: float, calibration: CalibrationTable | PrecisionTable | None
+) -> float:
     """The first calibrated threshold at least ``TIGHTEN_STEP`` above ``current``."""
     if calibration is None:
         return NEVER

@@ -11,6 +11,14 @@ measured (0 false hits in 360 pairs still says "at most 0.75%").
 ``CalibrationTable.threshold_for(max_false_hit_rate)`` returns the lowest threshold whose
 upper bound is within the operator's bound; when none is, the gate accepts nothing
 (threshold above 1) rather than promise a rate it cannot back.
+
+Statement pairs (``cache.statements``) have a second table, ``PrecisionTable``: for each
+threshold, the hits and correct hits among the statement pairs of the news and question
+pairs, scored out of fold. Those pairs mix paraphrases and non-paraphrases as they come, so
+what a threshold promises there is a precision (the share of served hits that are right).
+``PrecisionTable.threshold_for(min_precision)`` returns the lowest threshold whose precision
+reaches the operator's target with at least ``MIN_PRECISION_HITS`` hits behind it (a handful
+of lucky pairs at the top backs nothing), or no threshold at all.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from typing import Any
 Z_ONE_SIDED_95 = 1.6448536269514722
 Z_TWO_SIDED_95 = 1.959963984540054
 NEVER = 1.01  # a threshold no score reaches
+MIN_PRECISION_HITS = 30
 
 
 def wilson(successes: int, n: int, z: float = Z_TWO_SIDED_95) -> tuple[float, float]:
@@ -108,6 +117,68 @@ class CalibrationTable:
         rows = tuple(
             CalibrationRow(float(t), int(fh), int(n), int(th), int(p))
             for t, fh, n, th, p in data["rows"]
+        )
+        if any(a.threshold >= b.threshold for a, b in pairwise(rows)):
+            raise ValueError("calibration rows must have increasing thresholds")
+        return cls(rows)
+
+
+@dataclass(frozen=True, slots=True)
+class PrecisionRow:
+    threshold: float
+    hits: int  # statement pairs accepted
+    true_hits: int  # of them, same-meaning pairs (label 1)
+    positives: int
+
+    @property
+    def precision(self) -> float:
+        return self.true_hits / self.hits if self.hits else 1.0
+
+    @property
+    def recall(self) -> float:
+        return self.true_hits / self.positives if self.positives else 0.0
+
+    def as_list(self) -> list[float | int]:
+        return [self.threshold, self.hits, self.true_hits, self.positives]
+
+
+@dataclass(frozen=True)
+class PrecisionTable:
+    rows: tuple[PrecisionRow, ...]  # increasing threshold
+
+    @classmethod
+    def from_scores(
+        cls, scores: Sequence[float], labels: Sequence[int], thresholds: Sequence[float]
+    ) -> PrecisionTable:
+        positives = sum(1 for y in labels if y == 1)
+        rows = []
+        for t in sorted(thresholds):
+            hits = [y for s, y in zip(scores, labels, strict=True) if s >= t]
+            rows.append(PrecisionRow(round(float(t), 4), len(hits), sum(hits), positives))
+        return cls(tuple(rows))
+
+    def threshold_for(self, min_precision: float) -> float:
+        for row in self.rows:
+            if row.hits >= MIN_PRECISION_HITS and row.precision >= min_precision:
+                return row.threshold
+        return NEVER
+
+    def row_at(self, threshold: float) -> PrecisionRow | None:
+        for row in self.rows:
+            if row.threshold >= threshold:
+                return row
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "columns": ["threshold", "hits", "true_hits", "positives"],
+            "rows": [r.as_list() for r in self.rows],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PrecisionTable:
+        rows = tuple(
+            PrecisionRow(float(t), int(h), int(th), int(p)) for t, h, th, p in data["rows"]
         )
         if any(a.threshold >= b.threshold for a, b in pairwise(rows)):
             raise ValueError("calibration rows must have increasing thresholds")

@@ -1,27 +1,32 @@
 """The semantic gate: which candidate (if any) a new question may be served, and at what bar.
 
 Candidates come from the vector index above the cosine floor. With ``gate=verifier`` every
-candidate is scored by the learned verifier (``cache.verifier``) and the best one wins if its
-score reaches the threshold; with ``gate=cosine`` the nearest candidate above the threshold
-wins. The verifier's threshold for a namespace is the highest of:
+candidate is scored by the learned verifier (``cache.verifier``) as the kind of pair it is (a
+request pair or a statement pair, ``cache.statements``) and the best candidate that reaches
+its kind's threshold wins; with ``gate=cosine`` the nearest candidate above the threshold
+wins. The threshold of a kind, for a namespace, is the highest of:
 
-* the operating point for the surface's ``max_false_hit_rate``, read from the calibration
-  shipped in the artifact (or ``verifier_threshold`` when the policy fixes one);
-* the namespace's tightened threshold, raised by the production audit
+* the shipped operating point: for request pairs, the one for the surface's
+  ``max_false_hit_rate`` (or ``verifier_threshold`` when the policy fixes one); for statement
+  pairs, the one for its ``min_precision``; both read from the artifact's calibration;
+* the namespace's tightened threshold for that kind, raised by the production audit
   (``cache.audit``) when the false hits it measured exceed the bound. The audit only ever
-  raises it, so the gate never accepts more than the shipped calibration allows.
+  raises it, so the gate never accepts more than the shipped calibration allows. Statement
+  thresholds are kept under ``<namespace>/statements``.
 
-Every decision comes back as a ``GateVerdict`` (candidates seen, the best candidate's cosine and
-score, the threshold applied) for the request's span.
+Every decision comes back as a ``GateVerdict`` (candidates seen, the best candidate's cosine,
+kind and score, the threshold applied) for the request's span.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
+from cache.calibration import NEVER
 from cache.index import Candidate
 from cache.verifier import Verifier
 from policies.cache import COSINE_ONLY_DEFAULT_THRESHOLD, SemanticCacheConfig
@@ -36,10 +41,19 @@ class GateVerdict:
     similarity: float | None = None  # the best candidate's cosine (accepted or not)
     score: float | None = None  # the verifier's score of the best candidate
     threshold: float | None = None  # the verifier threshold applied
+    kind: Literal["request", "statement"] | None = None  # which gate judged the best candidate
 
     @property
     def accepted(self) -> bool:
         return self.winner is not None
+
+
+STATEMENTS = "/statements"  # suffix of a namespace's statement threshold and audit
+
+
+def audit_key(namespace: str, kind: str | None) -> str:
+    """Where a namespace's threshold and audit of one kind of pair are kept."""
+    return namespace + STATEMENTS if kind == "statement" else namespace
 
 
 class SemanticGate:
@@ -60,16 +74,26 @@ class SemanticGate:
             return settings.verifier_threshold if settings.verifier_threshold is not None else 0.0
         return self.verifier.threshold_for(settings.max_false_hit_rate)
 
+    def shipped_statement_threshold(self, settings: SemanticCacheConfig) -> float:
+        if self.verifier is None:
+            return NEVER
+        return self.verifier.threshold_for_statements(settings.min_precision)
+
     def threshold(self, settings: SemanticCacheConfig, namespace: str) -> float:
         with self._lock:
             raised = self._tightened.get(namespace, 0.0)
         return max(self.shipped_threshold(settings), raised)
 
-    def tighten(self, namespace: str, threshold: float) -> None:
-        """Raise a namespace's threshold (never lowers it)."""
+    def statement_threshold(self, settings: SemanticCacheConfig, namespace: str) -> float:
         with self._lock:
-            if threshold > self._tightened.get(namespace, 0.0):
-                self._tightened[namespace] = threshold
+            raised = self._tightened.get(namespace + STATEMENTS, 0.0)
+        return max(self.shipped_statement_threshold(settings), raised)
+
+    def tighten(self, key: str, threshold: float) -> None:
+        """Raise a threshold (``audit_key``: a namespace's, or its statements'); never lowers."""
+        with self._lock:
+            if threshold > self._tightened.get(key, 0.0):
+                self._tightened[key] = threshold
 
     def tightened(self) -> dict[str, float]:
         with self._lock:
@@ -82,6 +106,7 @@ class SemanticGate:
                 self._tightened.clear()
             else:
                 self._tightened.pop(namespace, None)
+                self._tightened.pop(namespace + STATEMENTS, None)
 
     def choose(
         self,
@@ -99,11 +124,23 @@ class SemanticGate:
                 raise RuntimeError("gate=verifier but no verifier is loaded")
             best_c = max(above, key=lambda c: c.similarity)
             return GateVerdict(len(candidates), best_c, best_c.similarity)
-        scores = self.verifier.probabilities(
+        judged = self.verifier.assess(
             [c.text for c in above], [query] * len(above), [c.similarity for c in above]
         )
-        best = int(np.argmax(scores))
-        threshold = self.threshold(settings, namespace)
-        score = float(scores[best])
-        winner = above[best] if score >= threshold else None
-        return GateVerdict(len(candidates), winner, above[best].similarity, score, threshold)
+        thresholds = np.where(
+            judged.statement,
+            self.statement_threshold(settings, namespace),
+            self.threshold(settings, namespace),
+        )
+        accepted = judged.score >= thresholds
+        # The best accepted candidate; when none is, the best score (for the span).
+        best = int(np.argmax(np.where(accepted, judged.score + 2.0, judged.score)))
+        winner = above[best] if accepted[best] else None
+        return GateVerdict(
+            len(candidates),
+            winner,
+            above[best].similarity,
+            float(judged.score[best]),
+            float(thresholds[best]),
+            "statement" if judged.statement[best] else "request",
+        )

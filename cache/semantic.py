@@ -6,7 +6,8 @@ match of the last user message among entries with the same scope and context key
 1. faiss search of the group for the ``top_k`` nearest stored queries above the cosine floor;
 2. the gate (``cache.gate.SemanticGate``): with ``gate=verifier`` the learned verifier scores
    every candidate and the best one at or above its threshold (the calibrated operating point
-   for ``max_false_hit_rate``, or higher where the audit tightened it) wins; with
+   for ``max_false_hit_rate``, or ``min_precision`` for statement pairs, or higher where the
+   audit tightened it) wins; with
    ``gate=cosine`` the nearest candidate above the threshold wins;
 3. the winner's response is read from the store (its scope is checked again there).
 
@@ -50,6 +51,7 @@ class CacheHit:
     threshold: float | None = None  # the verifier threshold the hit passed
     namespace: str | None = None
     query_text: str | None = None  # the question it was served to (for the audit)
+    pair_kind: str | None = None  # which gate accepted it: "request" or "statement"
 
 
 @dataclass(slots=True)
@@ -162,6 +164,7 @@ class SemanticCache:
             verdict.threshold,
             request.scope.namespace,
             request.query_text,
+            verdict.kind,
         )
         return hit, verdict
 

@@ -16,7 +16,7 @@ _NEGATION = re.compile(
     r"\b(?:not|no|never|none|nobody|nothing|neither|nor|without|cannot)\b|n(?:'|\u2019)t\b",
     re.IGNORECASE,
 )
-_STOPWORDS = frozenset(
+STOPWORDS = frozenset(
     [
         "a",
         "an",
@@ -157,7 +157,7 @@ def _runs(words: list[str], other: set[str]) -> tuple[int, int, int]:
             continue
         current += 1
         best = max(best, current)
-        if word not in _STOPWORDS:
+        if word not in STOPWORDS:
             content_current += 1
             content_best = max(content_best, content_current)
     tail = 0
@@ -182,8 +182,8 @@ def surface_features(stored: str, query: str) -> list[float]:
     ma, mb = _names(stored), _names(query)
     ga, gb = _char_grams(wa), _char_grams(wb)
     neg_a, neg_b = _negations(stored), _negations(query)
-    ca = {w for w in sa if w not in _STOPWORDS}
-    cb = {w for w in sb if w not in _STOPWORDS}
+    ca = {w for w in sa if w not in STOPWORDS}
+    cb = {w for w in sb if w not in STOPWORDS}
     only_a, only_b = len(ca - cb), len(cb - ca)
     run_a, content_run_a, tail_a = _runs(wa, sb)
     run_b, content_run_b, tail_b = _runs(wb, sa)

@@ -13,7 +13,17 @@ The score threshold is not a constant: ``threshold_for(max_false_hit_rate)`` rea
 calibration table shipped in the artifact (``cache.calibration``), the lowest threshold whose
 out-of-fold false-hit rate, as a one-sided 95% upper bound, stays within the operator's bound.
 
-The artifact is JSON: the feature names, the trees as flat arrays, the calibration table and
+Statement pairs (``cache.statements``: both texts declarative prose, such as news sentences)
+are judged by a second ensemble (``StatementModel``) over the same features and a few more
+(shared n-grams, words only one side has), trained on the statement pairs of the news and
+question pairs. Both gates must accept: the statement model's score counts only where the
+request model's own probability, before its vetoes, is at least ``STATEMENT_GUARD`` (0.5:
+it does not find the pair more likely different than same) and, when the two texts differ in
+at most ``STATEMENT_FOCUS`` words, none of ``STATEMENT_VETOES`` fires (a changed number, an
+antonym, a flipped negation: a near miss written as a statement). Its threshold comes from
+its own calibration, targeted at precision (``threshold_for_statements(min_precision)``).
+
+The artifact is JSON: the feature names, the trees as flat arrays, the calibration tables and
 the out-of-fold figures; inference is pure numpy (all trees walked at once, depth steps).
 """
 
@@ -28,9 +38,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from cache.calibration import CalibrationTable
+from cache.calibration import NEVER, CalibrationTable, PrecisionTable
 from cache.lexicon import Lexicon
 from cache.pairfeatures import FEATURE_NAMES, feature_matrix
+from cache.statements import STATEMENT_FEATURE_NAMES, statement_features, statement_pair
 
 DEFAULT_ARTIFACT = Path(__file__).with_name("artifacts") / "verifier.json"
 
@@ -100,6 +111,79 @@ class TreeEnsemble:
 
 
 DEFAULT_MAX_FALSE_HIT_RATE = 0.01
+DEFAULT_MIN_PRECISION = 0.98
+STATEMENT_GUARD = 0.5
+STATEMENT_FOCUS = 4
+STATEMENT_VETOES = ("number_substituted", "sub_antonym", "negation_flip")
+_CHANGED = FEATURE_NAMES.index("changed_total")
+
+
+def _sigmoid(z: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    return np.asarray(1.0 / (1.0 + np.exp(-z)), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class StatementModel:
+    """The gate of statement pairs: its trees read the request features followed by
+    ``STATEMENT_FEATURE_NAMES``; its threshold is set for a precision."""
+
+    model: TreeEnsemble
+    calibration: PrecisionTable
+    guard: float = STATEMENT_GUARD
+    focus: int = STATEMENT_FOCUS
+    vetoes: tuple[str, ...] = STATEMENT_VETOES
+
+    def threshold_for(self, min_precision: float) -> float:
+        return self.calibration.threshold_for(min_precision)
+
+    def scores(
+        self,
+        x: npt.NDArray[np.float64],
+        extra: npt.NDArray[np.float64],
+        request_p: npt.NDArray[np.float64],
+    ) -> npt.NDArray[np.float64]:
+        """0 where the request model finds the pair less likely same than ``guard`` or a
+        focused veto fires, else the statement model's probability."""
+        p = _sigmoid(self.model.decision(np.hstack([x, extra])))
+        columns = [FEATURE_NAMES.index(v) for v in self.vetoes]
+        focused = x[:, _CHANGED] <= self.focus
+        veto = focused & (x[:, columns] > 0).any(axis=1)
+        return np.where(veto | (request_p < self.guard), 0.0, p)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "features": list(STATEMENT_FEATURE_NAMES),
+            "guard": self.guard,
+            "focus": self.focus,
+            "vetoes": list(self.vetoes),
+            "calibration": self.calibration.to_json(),
+            "model": self.model.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StatementModel:
+        if tuple(data["features"]) != STATEMENT_FEATURE_NAMES:
+            raise ValueError("statement features do not match this version's")
+        vetoes = tuple(data["vetoes"])
+        unknown = [v for v in vetoes if v not in FEATURE_NAMES]
+        if unknown:
+            raise ValueError(f"unknown veto features: {unknown}")
+        return cls(
+            TreeEnsemble.from_json(data["model"]),
+            PrecisionTable.from_json(data["calibration"]),
+            float(data["guard"]),
+            int(data["focus"]),
+            vetoes,
+        )
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """Per candidate: whether it is a statement pair, and its score for that kind's threshold
+    (the request gate's, or the statement gate's)."""
+
+    statement: npt.NDArray[np.bool_]
+    score: npt.NDArray[np.float64]
 
 
 class Verifier:
@@ -113,6 +197,7 @@ class Verifier:
         cosine_floor: float,
         vetoes: Sequence[str] = (),
         metadata: dict[str, Any] | None = None,
+        statements: StatementModel | None = None,
     ) -> None:
         unknown = [v for v in vetoes if v not in FEATURE_NAMES]
         if unknown:
@@ -123,6 +208,7 @@ class Verifier:
         self.vetoes = tuple(vetoes)
         self._veto_columns = [FEATURE_NAMES.index(v) for v in self.vetoes]
         self.metadata = metadata or {}
+        self.statements = statements
 
     @property
     def threshold(self) -> float:
@@ -131,6 +217,12 @@ class Verifier:
 
     def threshold_for(self, max_false_hit_rate: float) -> float:
         return self.calibration.threshold_for(max_false_hit_rate)
+
+    def threshold_for_statements(self, min_precision: float) -> float:
+        """Statement pairs' threshold; with no statement model they are never served."""
+        if self.statements is None:
+            return NEVER
+        return self.statements.threshold_for(min_precision)
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_ARTIFACT) -> Verifier:
@@ -144,6 +236,9 @@ class Verifier:
             cosine_floor=float(data["cosine_floor"]),
             vetoes=data.get("vetoes", []),
             metadata=data.get("metadata", {}),
+            statements=StatementModel.from_json(data["statements"])
+            if "statements" in data
+            else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -154,6 +249,7 @@ class Verifier:
             "vetoes": list(self.vetoes),
             "calibration": self.calibration.to_json(),
             "model": self.model.to_json(),
+            **({"statements": self.statements.to_json()} if self.statements else {}),
             "metadata": self.metadata,
         }
 
@@ -163,8 +259,7 @@ class Verifier:
         return np.asarray((x[:, self._veto_columns] > 0).any(axis=1))
 
     def scores_from_features(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        p = 1.0 / (1.0 + np.exp(-self.model.decision(x)))
-        return np.where(self.vetoed(x), 0.0, p)
+        return np.where(self.vetoed(x), 0.0, _sigmoid(self.model.decision(x)))
 
     def probabilities(
         self, stored: Sequence[str], queries: Sequence[str], cosines: Sequence[float]
@@ -175,4 +270,29 @@ class Verifier:
         return self.scores_from_features(feature_matrix(stored, queries, cosines))
 
     def score(self, stored: str, query: str, cosine: float) -> float:
+        """The request gate's score of one pair (whatever kind of pair it is)."""
         return float(self.probabilities([stored], [query], [cosine])[0])
+
+    def assess(
+        self, stored: Sequence[str], queries: Sequence[str], cosines: Sequence[float]
+    ) -> Assessment:
+        """Each pair's kind and score: statement pairs by the statement gate (when the
+        artifact has one), the others by the request gate."""
+        lex = Lexicon.shared()
+        x = feature_matrix(stored, queries, cosines, lex)
+        request_p = _sigmoid(self.model.decision(x))
+        score = np.where(self.vetoed(x), 0.0, request_p)
+        statement = np.zeros(len(score), dtype=bool)
+        if self.statements is not None:
+            statement = np.array(
+                [statement_pair(a, b, lex) for a, b in zip(stored, queries, strict=True)],
+                dtype=bool,
+            ).reshape(len(score))
+        if statement.any() and self.statements is not None:
+            rows = np.nonzero(statement)[0]
+            extra = np.array(
+                [statement_features(stored[i], queries[i], lex) for i in rows.tolist()],
+                dtype=np.float64,
+            ).reshape(len(rows), len(STATEMENT_FEATURE_NAMES))
+            score[rows] = self.statements.scores(x[rows], extra, request_p[rows])
+        return Assessment(statement, score)

@@ -10,6 +10,7 @@ cache:
     gate: verifier              # or "cosine": the threshold alone decides
     threshold: 0.50             # cosine floor for candidates (default: the artifact's)
     max_false_hit_rate: 0.01    # the gate's operating point, from the shipped calibration
+    min_precision: 0.98         # statement pairs' operating point (news-like prose)
     audit_fraction: 0.02        # share of semantic hits re-asked upstream (0: no audit)
     audit_per_minute: 30        # at most this many audits a minute (their upstream cost)
     ttl: 3600
@@ -48,7 +49,8 @@ class SemanticCacheConfig(Strict):
         default=None,
         ge=0.0,
         le=1.0,
-        description="minimum verifier probability; None takes the one shipped in the artifact",
+        description="minimum request-gate probability (request pairs); None takes the "
+        "operating point for max_false_hit_rate from the artifact",
     )
     max_false_hit_rate: float = Field(
         default=0.01,
@@ -58,6 +60,16 @@ class SemanticCacheConfig(Strict):
         "question's answer, as the one-sided 95% upper bound measured out of fold on the "
         "near-miss calibration set; picks the verifier's threshold from the artifact's table "
         "(ignored when verifier_threshold is set)",
+    )
+    min_precision: float = Field(
+        default=0.98,
+        ge=0.5,
+        le=1.0,
+        description="for statement pairs (both texts declarative prose, such as news "
+        "sentences: cache/statements.py), the share of semantic hits that must be right, "
+        "measured out of fold on the statement pairs of the news and question pairs; picks "
+        "their threshold from the artifact's precision table (none reaches it: statement "
+        "pairs are not served semantically)",
     )
     audit_fraction: float = Field(
         default=0.02,

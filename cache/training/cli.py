@@ -19,7 +19,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description=(
             "Reads a TSV (source, label, text_a, text_b; label 1 = same meaning), stores each "
             "text_a, looks up its text_b through the gateway's own cache code at the operating "
-            "point for --max-false-hit-rate (or the policy's semantic.max_false_hit_rate), and "
+            "point for --max-false-hit-rate and --min-precision (or the policy's semantic "
+            "settings), and "
             "prints precision, recall and false-hit rate with 95%% Wilson intervals, overall and "
             "per source, next to cosine alone (its best threshold on these pairs, RedisVL's "
             "default 0.9 and GPTCache's 0.8) on the same pairs and the same embedding."
@@ -33,6 +34,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--max-false-hit-rate",
         type=float,
         help="the operator's bound (default: the policy's semantic.max_false_hit_rate, 0.01)",
+    )
+    p.add_argument(
+        "--min-precision",
+        type=float,
+        help="statement pairs' target (default: the policy's semantic.min_precision, 0.98)",
     )
     p.add_argument(
         "--no-rules",
@@ -49,10 +55,11 @@ def _policy(args: argparse.Namespace) -> CachePolicy:
 
     policy = load_cache_policy(args.policy, args.surface) if args.policy else None
     semantic = (policy.semantic if policy else None) or SemanticCacheConfig()
-    if args.max_false_hit_rate is not None:
-        semantic = SemanticCacheConfig.model_validate(
-            {**semantic.model_dump(), "max_false_hit_rate": args.max_false_hit_rate}
-        )
+    for option in ("max_false_hit_rate", "min_precision"):
+        if getattr(args, option) is not None:
+            semantic = SemanticCacheConfig.model_validate(
+                {**semantic.model_dump(), option: getattr(args, option)}
+            )
     rules = (policy.rules if policy else None) or CacheRules()
     if args.no_rules:
         from cache.training.gate_eval import NO_RULES

@@ -3,10 +3,14 @@
 Three origins, each pair with a ``source`` (its kind) and a ``group`` (for grouped CV):
 
 * ``gen``: perturbations of real questions (``cache.training.perturb``), grouped by seed;
-* ``dev``: ``pairs_dev.tsv`` (news sentences, question pairs), one group per pair;
-* ``nearmiss``: ``pairs_nearmiss_dev.tsv``, grouped by topic: pairs whose first texts are
+* ``dev``: ``pairs_dev.tsv`` (news sentences, question pairs) and
+* ``nearmiss``: ``pairs_nearmiss_dev.tsv``, both grouped by topic: pairs whose first texts are
   close in embedding space (agglomerated by cosine) share a group, so a topic-disjoint split
-  never puts "the CEO of AMD" in training and "the CEO of Nvidia" in the test.
+  never puts "the CEO of AMD" in training and "the CEO of Nvidia" in the test (nor two news
+  sentences about one event).
+
+Each pair is also marked a statement pair or not (``cache.statements``); statement pairs carry
+the statement features the statement gate reads besides the request features.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy.typing as npt
 from cache.embedder import SentenceTransformerEmbedder
 from cache.lexicon import Lexicon
 from cache.pairfeatures import feature_matrix
+from cache.statements import STATEMENT_FEATURE_NAMES, statement_features, statement_pair
 from cache.training.data import paraphrase_file, seed_questions
 from cache.training.pairs import Pair, default_embedding_cache, embed_cached, read_pairs
 from cache.training.perturb import generate
@@ -39,6 +44,8 @@ class Table:
     x: npt.NDArray[np.float64]
     text_a: list[str]
     text_b: list[str]
+    statement: npt.NDArray[np.bool_]
+    extra: npt.NDArray[np.float64]  # statement features (zeros for other pairs)
 
     def where(self, mask: npt.NDArray[np.bool_]) -> Table:
         idx = np.nonzero(mask)[0]
@@ -51,6 +58,8 @@ class Table:
             self.x[idx],
             [self.text_a[i] for i in idx],
             [self.text_b[i] for i in idx],
+            self.statement[idx],
+            self.extra[idx],
         )
 
 
@@ -120,13 +129,11 @@ def build(
     for name in ORIGINS:
         pairs = parts[name]
         a, b = _embed(embedder, pairs, cache)
-        if name == "nearmiss":
-            groups = topic_groups(a)
-        elif name == "gen":
+        if name == "gen":
             seen: dict[str, int] = {}
             groups = [seen.setdefault(p.text_a, len(seen)) for p in pairs]
         else:
-            groups = list(range(len(pairs)))
+            groups = topic_groups(a)
         origin += [name] * len(pairs)
         source += [p.source for p in pairs]
         label += [p.label for p in pairs]
@@ -136,6 +143,7 @@ def build(
         text_a += [p.text_a for p in pairs]
         text_b += [p.text_b for p in pairs]
     x = feature_matrix(text_a, text_b, cosine, lexicon)
+    statement, extra = statement_part(text_a, text_b, lexicon)
     return Table(
         np.array(origin),
         np.array(source),
@@ -145,4 +153,19 @@ def build(
         x,
         text_a,
         text_b,
+        statement,
+        extra,
     )
+
+
+def statement_part(
+    text_a: list[str], text_b: list[str], lex: Lexicon
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
+    """Which pairs are statement pairs, and their statement features."""
+    statement = np.array(
+        [statement_pair(a, b, lex) for a, b in zip(text_a, text_b, strict=True)], dtype=bool
+    ).reshape(len(text_a))
+    extra = np.zeros((len(text_a), len(STATEMENT_FEATURE_NAMES)))
+    for i in np.nonzero(statement)[0]:
+        extra[i] = statement_features(text_a[i], text_b[i], lex)
+    return statement, extra

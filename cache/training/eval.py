@@ -59,6 +59,9 @@ class Tally:
 class EvalResult:
     overall: Tally = field(default_factory=Tally)
     by_source: dict[str, Tally] = field(default_factory=dict)
+    # Semantic hits by the gate that accepted them (request or statement pairs); a Tally of
+    # hits only: its precision is the gate's.
+    by_gate: dict[str, Tally] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -126,6 +129,8 @@ async def evaluate(
                 raise AssertionError(f"pair {i}: served another pair's entry")
             result.overall.add(pair.label, served)
             result.by_source.setdefault(pair.source, Tally()).add(pair.label, served)
+            if hit is not None and hit.pair_kind is not None:
+                result.by_gate.setdefault(hit.pair_kind, Tally()).add(pair.label, True)
     finally:
         await cache.aclose()
     return result

@@ -8,6 +8,8 @@ gate's threshold read from the artifact's calibration for ``--max-false-hit-rate
   ``false_hit_rate`` (wrong hits / label-0 pairs), each with a 95% Wilson interval;
 * ``by_source``: per ``source`` value, ``n`` pairs, ``hits`` and ``rate`` = hits / n (for a
   near-miss kind that is its false-hit rate, for a paraphrase kind its recall), with ``ci95``;
+* ``by_gate``: the semantic hits each gate made (``request`` or ``statement`` pairs,
+  ``cache.statements``), with their precision;
 * ``baselines`` on the same pairs and the same embedding, cosine alone: ``cosine_best`` (the
   lowest threshold meeting the same false-hit bound on these very pairs: tuned in hindsight,
   so flattering), ``redisvl_default`` (RedisVL's distance threshold 0.1, cosine >= 0.9) and
@@ -58,6 +60,14 @@ def summarize(result: EvalResult) -> dict[str, Any]:
         },
         "false_hit_rate_upper95": round(wilson_upper(false_hits, negatives), 4),
         "by_source": {k: _source(v) for k, v in sorted(result.by_source.items())},
+        "by_gate": {
+            k: {
+                "hits": v.hits,
+                "precision": round(v.true_hits / v.hits, 4) if v.hits else 1.0,
+                "ci95": _interval(v.true_hits, v.hits),
+            }
+            for k, v in sorted(result.by_gate.items())
+        },
     }
     return out
 
@@ -103,6 +113,8 @@ async def evaluate_all(
     out["operating_point"] = {
         "max_false_hit_rate": max_false_hit_rate,
         "threshold": threshold,
+        "min_precision": semantic.min_precision,
+        "statement_threshold": verifier.threshold_for_statements(semantic.min_precision),
         "cosine_floor": verifier.cosine_floor,
         "vetoes": list(verifier.vetoes),
         "rules": policy.rules.model_dump(),
@@ -136,9 +148,12 @@ def render(out: dict[str, Any]) -> str:
     op = out["operating_point"]
     lines = [
         f"gate at max_false_hit_rate {op['max_false_hit_rate']} (threshold {op['threshold']}, "
-        f"cosine floor {op['cosine_floor']})",
+        f"cosine floor {op['cosine_floor']}), statement pairs at min_precision "
+        f"{op['min_precision']} (threshold {op['statement_threshold']})",
         _line("gate", out),
     ]
+    for kind, g in out["by_gate"].items():
+        lines.append(f"  hits of the {kind} gate: {g['hits']}, precision {g['precision']:.3f}")
     for name, r in out["baselines"].items():
         lines.append(_line(f"{name} (>= {r['threshold']})", r))
     lines.append("by source (rate = hits / n; gate | cosine_best | redisvl | gptcache):")

@@ -14,6 +14,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from cache.audit import AuditBook, answer_text, answers_agree, needs_exact
+from cache.calibration import CalibrationTable, PrecisionTable
+from cache.gate import audit_key
 from gateway.call import Call
 from gateway.protocol.openai import ParsedRequest
 
@@ -53,16 +55,24 @@ async def audit(
         similarity = float(vectors[0] @ vectors[1])
     agree = answers_agree(cached, fresh, similarity, settings.audit_min_similarity)
     gate = cache.semantic.gate
-    namespace = hit.namespace or ""
+    # Statement hits are measured against their own target (the share of hits that may be
+    # wrong), kept and tightened apart from the namespace's request hits.
+    key = audit_key(hit.namespace or "", hit.pair_kind)
     threshold = hit.threshold if hit.threshold is not None else 0.0
-    calibration = gate.verifier.calibration if gate.verifier is not None else None
-    raised = book.record(namespace, agree, threshold, settings.max_false_hit_rate, calibration)
+    verifier = gate.verifier
+    calibration: CalibrationTable | PrecisionTable | None = None
+    bound = settings.max_false_hit_rate
+    if hit.pair_kind == "statement":
+        bound = 1.0 - settings.min_precision
+        if verifier is not None and verifier.statements is not None:
+            calibration = verifier.statements.calibration
+    elif verifier is not None:
+        calibration = verifier.calibration
+    raised = book.record(key, agree, threshold, bound, calibration)
     if raised is not None:
-        gate.tighten(namespace, raised)
+        gate.tighten(key, raised)
         log.warning(
-            "cache audit: namespace %r false hits above the bound; threshold raised to %.4f",
-            namespace,
-            raised,
+            "cache audit: %r false hits above the bound; threshold raised to %.4f", key, raised
         )
 
 

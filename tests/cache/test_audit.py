@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cache.audit import AuditBook, answer_text, answers_agree, needs_exact, tighter_threshold
-from cache.calibration import NEVER, CalibrationTable
+from cache.calibration import NEVER, CalibrationTable, PrecisionTable
 
 
 def chat(text: str) -> bytes:
@@ -74,3 +74,18 @@ def test_tighter_threshold_steps_up_and_tops_out() -> None:
     assert tighter_threshold(0.5, None) == NEVER
     with pytest.raises(KeyError):
         AuditBook().namespaces["missing"]
+
+
+def test_statement_hits_step_along_their_own_table() -> None:
+    scores = [0.99] * 200 + [0.95] * 100 + [0.9] * 100
+    labels = [1] * 200 + [1] * 98 + [0] * 2 + [1] * 80 + [0] * 20
+    statements = PrecisionTable.from_scores(scores, labels, [0.9, 0.93, 0.96, 0.98])
+    shipped = statements.threshold_for(0.98)
+    assert shipped == 0.93
+    book = AuditBook()
+    # Bound 1 - min_precision = 0.02: one false hit in 10 audits is above it.
+    for _ in range(9):
+        assert book.record("faq/statements", True, shipped, 0.02, statements) is None
+    assert book.record("faq/statements", False, shipped, 0.02, statements) == 0.96
+    assert tighter_threshold(0.96, statements) == 0.98
+    assert "faq" not in book.namespaces  # the namespace's request hits are kept apart

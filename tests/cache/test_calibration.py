@@ -2,7 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from cache.calibration import NEVER, CalibrationTable, wilson, wilson_upper
+from cache.calibration import (
+    MIN_PRECISION_HITS,
+    NEVER,
+    CalibrationTable,
+    PrecisionTable,
+    wilson,
+    wilson_upper,
+)
 
 
 def test_wilson_known_values() -> None:
@@ -32,3 +39,21 @@ def test_threshold_for_picks_the_lowest_threshold_within_the_bound() -> None:
 def test_calibration_rows_must_increase() -> None:
     with pytest.raises(ValueError, match="increasing"):
         CalibrationTable.from_json({"rows": [[0.5, 0, 10, 1, 10], [0.4, 0, 10, 1, 10]]})
+
+
+def test_precision_table_picks_the_lowest_threshold_reaching_the_target() -> None:
+    # 20 paraphrases at 0.995, 100 at 0.99, 100 at 0.9 with 5 non-paraphrases beside them,
+    # 100 non-paraphrases at 0.5.
+    scores = [0.995] * 20 + [0.99] * 100 + [0.9] * 105 + [0.5] * 100
+    labels = [1] * 20 + [1] * 100 + [1] * 100 + [0] * 5 + [0] * 100
+    table = PrecisionTable.from_scores(scores, labels, [0.4, 0.8, 0.95, 0.992])
+    assert table.threshold_for(0.97) == 0.8  # 220 of 225 hits right: 0.978
+    assert table.threshold_for(0.98) == 0.95  # 0.978 < 0.98; at 0.95 120 of 120
+    assert table.threshold_for(0.7) == 0.8 and table.threshold_for(0.6) == 0.4  # 220 of 325
+    row = table.row_at(0.8)
+    assert row is not None and (row.hits, row.true_hits) == (225, 220)
+    assert row.recall == pytest.approx(220 / 220)
+    assert PrecisionTable.from_json(table.to_json()) == table
+    # 20 right hits are fewer than MIN_PRECISION_HITS: they back nothing on their own.
+    few = PrecisionTable.from_scores(scores[:20] + [0.5] * 50, [1] * 20 + [0] * 50, [0.9])
+    assert MIN_PRECISION_HITS > 20 and few.threshold_for(0.9) == NEVER

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cache.gate import SemanticGate
+from cache.gate import SemanticGate, audit_key
 from cache.index import Candidate
 from cache.verifier import Verifier
 from policies.cache import SemanticCacheConfig
@@ -65,3 +65,47 @@ def test_verdict_carries_the_best_candidate(verifier: Verifier) -> None:
     assert not again.accepted
     other = gate.choose(query, [candidate("Why isn't my VPN connecting?", 0.98)], settings, "x")
     assert other.accepted
+
+
+NEWS = "Police said the man was arrested at his home late on Friday night."
+NEWS_PARAPHRASE = "The man was arrested at his home late Friday night, police said."
+
+
+def test_statement_pairs_have_their_own_operating_point_and_audit_key(
+    verifier: Verifier,
+) -> None:
+    gate = SemanticGate(verifier)
+    settings, strict = SemanticCacheConfig(), SemanticCacheConfig(min_precision=0.99)
+    shipped = verifier.threshold_for_statements(0.98)
+    assert gate.statement_threshold(settings, "ns") == shipped
+    assert gate.statement_threshold(strict, "ns") > shipped
+    # verifier_threshold fixes the request gate only.
+    fixed = SemanticCacheConfig(verifier_threshold=0.3)
+    assert gate.statement_threshold(fixed, "ns") == shipped
+    verdict = gate.choose(NEWS_PARAPHRASE, [candidate(NEWS, 0.93)], settings, "ns")
+    assert verdict.accepted and verdict.kind == "statement" and verdict.threshold == shipped
+    # The audit tightens statements apart from requests: the request threshold stays.
+    gate.tighten(audit_key("ns", "statement"), 1.01)
+    assert gate.statement_threshold(settings, "ns") == 1.01
+    assert gate.threshold(settings, "ns") == verifier.threshold_for(0.01)
+    assert not gate.choose(NEWS_PARAPHRASE, [candidate(NEWS, 0.93)], settings, "ns").accepted
+    request = gate.choose(
+        "Why is my VPN not connecting?", [candidate("Why isn't my VPN connecting?", 0.98)],
+        settings, "ns",
+    )  # fmt: skip
+    assert request.accepted and request.kind == "request"
+    assert gate.tightened() == {"ns/statements": 1.01}
+    gate.reset("ns")
+    assert gate.tightened() == {}
+    assert gate.choose(NEWS_PARAPHRASE, [candidate(NEWS, 0.93)], settings, "ns").accepted
+
+
+def test_the_best_accepted_candidate_wins_whatever_its_kind(verifier: Verifier) -> None:
+    gate = SemanticGate(verifier)
+    settings = SemanticCacheConfig()
+    near_miss = "Police said the man was not arrested at his home late on Friday night."
+    verdict = gate.choose(
+        NEWS_PARAPHRASE, [candidate(near_miss, 0.97), candidate(NEWS, 0.93)], settings, "ns"
+    )
+    assert verdict.winner is not None and verdict.winner.text == NEWS
+    assert verdict.similarity == 0.93

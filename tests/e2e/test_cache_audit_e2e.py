@@ -86,6 +86,37 @@ async def test_audit_measures_false_hits_tightens_and_is_bounded(
     assert (await report(gw))["tightened_thresholds"] == {}
 
 
+async def test_statement_hits_are_audited_against_min_precision(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """A news-like statement is served by the statement gate; its audit is kept under
+    ``<namespace>/statements`` and measured against 1 - min_precision."""
+    up = await make_fake(reply=LONG_ANSWER)
+    semantic = {"audit_fraction": 1.0, "audit_per_minute": 10, "min_precision": 0.98}
+    gw = await make_gateway(policy(up.url, semantic))
+    news = "Police said the man was arrested at his home late on Friday night."
+    assert await ask(gw, news) == "miss"
+    up.fake.settings.reply = "Paris."  # the audit's fresh answer differs: a false hit
+    assert await ask(gw, "The man was arrested at his home late Friday night, police said.") == (
+        "semantic"
+    )
+    body = await report(gw)
+    audited = body["audit"]["namespaces"]
+    assert set(audited) == {"chat/statements"}
+    statements = audited["chat/statements"]
+    assert (statements["audited"], statements["false_hits"], statements["tightenings"]) == (1, 1, 1)
+    gate = gw.runtime.cache.cache.semantic.gate  # type: ignore[union-attr]
+    shipped = gate.verifier.threshold_for_statements(0.98)  # type: ignore[union-attr]
+    assert body["tightened_thresholds"]["chat/statements"] > shipped
+    assert "chat" not in body["tightened_thresholds"]  # the request gate was not touched
+    async with (
+        aiohttp.ClientSession() as s,
+        s.delete(gw.root + "/admin/cache/thresholds?namespace=chat") as r,
+    ):
+        assert r.status == 200
+    assert (await report(gw))["tightened_thresholds"] == {}
+
+
 async def test_no_audit_when_turned_off(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:

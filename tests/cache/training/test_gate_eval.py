@@ -51,6 +51,10 @@ async def test_report_keys_intervals_and_baselines(tmp_path: Path, verifier: Ver
     assert out["baselines"]["redisvl_default"]["threshold"] == 0.9
     assert out["baselines"]["gptcache_default"]["threshold"] == 0.8
     assert out["operating_point"]["threshold"] == verifier.threshold_for(0.01)
+    assert out["operating_point"]["min_precision"] == 0.98
+    assert out["operating_point"]["statement_threshold"] == verifier.threshold_for_statements(0.98)
+    # The two paraphrases are requests: the request gate served them.
+    assert out["by_gate"] == {"request": {"hits": 2, "precision": 1.0, "ci95": [0.3424, 1.0]}}
 
 
 def test_best_cosine_meets_the_bound_on_the_pairs() -> None:

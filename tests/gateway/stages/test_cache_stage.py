@@ -17,8 +17,8 @@ def plan(rule: str | None = None, semantic: bool = True, cached: bool = True) ->
 
 def test_semantic_hit_carries_the_gates_verdict() -> None:
     winner = Candidate("e", "stored", 0.93)
-    verdict = GateVerdict(2, winner, 0.93, 0.97, 0.84)
-    hit = CacheHit("semantic", b"{}", 0.93, 0.97, 0.84, "ns", "q")
+    verdict = GateVerdict(2, winner, 0.93, 0.97, 0.84, "statement")
+    hit = CacheHit("semantic", b"{}", 0.93, 0.97, 0.84, "ns", "q", "statement")
     attrs = Lookup(plan(), hit, verdict).span_attributes()
     assert attrs == {
         "cache": "semantic",
@@ -27,6 +27,7 @@ def test_semantic_hit_carries_the_gates_verdict() -> None:
         "cache.similarity": 0.93,
         "cache.verifier_score": 0.97,
         "cache.threshold": 0.84,
+        "cache.pair_kind": "statement",
     }
 
 
