@@ -111,13 +111,18 @@ def _grams(words: list[str], n: int) -> set[tuple[str, ...]]:
 
 
 def _lcs(a: list[str], b: list[str]) -> int:
-    previous = [0] * (len(b) + 1)
-    for x in a:
-        current = [0]
-        for j, y in enumerate(b):
-            current.append(previous[j] + 1 if x == y else max(previous[j + 1], current[j]))
-        previous = current
-    return previous[-1]
+    """Length of the longest common subsequence of two word lists, bit-parallel (Allison and
+    Dix; Hyyrö): bit i of ``row`` is 0 where the LCS gains a word at ``a[i]``; one big-integer
+    add per word of ``b`` instead of a pass over ``a``."""
+    masks: dict[str, int] = {}
+    for i, word in enumerate(a):
+        masks[word] = masks.get(word, 0) | (1 << i)
+    full = (1 << len(a)) - 1
+    row = full
+    for word in b:
+        match = row & masks.get(word, 0)
+        row = ((row + match) | (row - match)) & full
+    return len(a) - row.bit_count()
 
 
 def _inflected_verb(word: str, lex: Lexicon) -> bool:

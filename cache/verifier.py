@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -66,20 +67,34 @@ class TreeEnsemble:
     value: npt.NDArray[np.float64]
     float32: bool = True
 
+    @cached_property
+    def _flat(self) -> tuple[npt.NDArray[np.int64], ...]:
+        """Each tree's first node in the flattened arrays, then feature, left and right
+        flattened (node indices made absolute): one gather per step instead of 2-D indexing."""
+        n_trees, width = self.feature.shape
+        offsets = (np.arange(n_trees, dtype=np.int64) * width)[None, :]
+        return (
+            offsets,
+            self.feature.ravel(),
+            (self.left + offsets.T).ravel(),
+            (self.right + offsets.T).ravel(),
+        )
+
     def decision(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         if self.float32:
             x = np.asarray(x, dtype=np.float32).astype(np.float64)
         else:
             x = np.asarray(x, dtype=np.float64)
-        trees = np.arange(self.feature.shape[0])[None, :]
-        samples = np.arange(x.shape[0])[:, None]
-        node = np.zeros((x.shape[0], self.feature.shape[0]), dtype=np.int64)
+        offsets, feature, left, right = self._flat
+        threshold, value = self.threshold.ravel(), self.value.ravel()
+        rows = np.arange(x.shape[0])[:, None]
+        node = np.repeat(offsets, x.shape[0], axis=0)
+        # A leaf (feature -1) points to itself both ways, so whichever way its (meaningless)
+        # comparison with the last column goes, a sample that reached it stays there.
         for _ in range(self.depth):
-            feat = self.feature[trees, node]
-            go_left = x[samples, np.maximum(feat, 0)] <= self.threshold[trees, node]
-            step = np.where(go_left, self.left[trees, node], self.right[trees, node])
-            node = np.where(feat >= 0, step, node)
-        leaf_sum = self.value[trees, node].sum(axis=1)
+            go_left = x[rows, feature[node]] <= threshold[node]
+            node = np.where(go_left, left[node], right[node])
+        leaf_sum = value[node].sum(axis=1)
         return np.asarray(self.base_score + self.learning_rate * leaf_sum, dtype=np.float64)
 
     def to_json(self) -> dict[str, Any]:

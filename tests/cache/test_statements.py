@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from cache.lexicon import Lexicon
-from cache.statements import STATEMENT_FEATURE_NAMES, is_statement, statement_features
+from cache.statements import STATEMENT_FEATURE_NAMES, _lcs, is_statement, statement_features
 from cache.verifier import DEFAULT_MIN_PRECISION, Verifier
 
 PROFIT = "The company said on Monday that its quarterly profit rose 12 percent to $1.3 billion."
@@ -78,3 +80,22 @@ def test_requests_stay_with_the_request_gate(verifier: Verifier) -> None:
     judged = verifier.assess([a], [b], [0.98])
     assert not judged.statement[0]
     assert judged.score[0] == pytest.approx(verifier.score(a, b, 0.98))
+
+
+def _lcs_table(a: list[str], b: list[str]) -> int:
+    previous = [0] * (len(b) + 1)
+    for x in a:
+        current = [0]
+        for j, y in enumerate(b):
+            current.append(previous[j] + 1 if x == y else max(previous[j + 1], current[j]))
+        previous = current
+    return previous[-1]
+
+
+def test_bit_parallel_lcs_matches_the_table() -> None:
+    rng = random.Random(7)
+    for _ in range(3000):
+        a = [rng.choice("abcde") for _ in range(rng.randint(0, 40))]
+        b = [rng.choice("abcdef") for _ in range(rng.randint(0, 40))]
+        assert _lcs(a, b) == _lcs_table(a, b), (a, b)
+    assert _lcs(["the", "man", "was", "arrested"], ["police", "arrested", "the", "man"]) == 2
