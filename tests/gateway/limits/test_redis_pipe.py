@@ -1,15 +1,22 @@
-"""The pipe's own RESP packing: byte for byte what redis-py would send."""
+"""The pipe: its own RESP packing (byte for byte what redis-py would send) and its own
+transport (batches, scripts the server forgot, credentials, failures and what they say)."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
 
 import pytest
 import redis.asyncio as aioredis
+import uvloop
 
 from gateway.limits import lua
 from gateway.limits.redis_pipe import Script, ScriptPipe, _Call, _pack
-from tests.cache.conftest import RedisServer
+from gateway.limits.store import StoreUnavailable
+from tests.cache.conftest import RedisServer, free_port
 
 
 @pytest.mark.parametrize(
@@ -40,5 +47,133 @@ async def test_a_burst_travels_in_few_writes_and_every_call_gets_its_own_answer(
         # Two single calls go at once; the rest wait for a connection and leave 64 at a time.
         assert pipe.batches <= 2 + -(-498 // 64)
         assert len(pipe._idle) <= 2  # never more connections than asked
+    finally:
+        await pipe.aclose()
+
+
+async def test_scripts_the_server_forgot_are_loaded_and_their_calls_sent_again(
+    redis_server: RedisServer,
+) -> None:
+    pipe = ScriptPipe(redis_server.url, timeout_s=2.0, connections=1)
+    echo = Script.of("return tonumber(ARGV[1]) + 1")
+    admin = aioredis.Redis.from_url(redis_server.url)
+    try:
+        assert await pipe.call(echo, [], [1]) == 2
+        await admin.script_flush()  # what a restart does to the script cache
+        assert await asyncio.gather(*(pipe.call(echo, [], [i]) for i in range(5))) == [
+            1,
+            2,
+            3,
+            4,
+            5,
+        ]
+        assert await pipe.call(echo, [], [9]) == 10
+    finally:
+        await admin.aclose()
+        await pipe.aclose()
+
+
+@pytest.fixture
+def password_redis() -> Iterator[int]:
+    """A redis-server that wants a password; its port."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed: run `make redis-server`")
+    port = free_port()
+    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    server = subprocess.Popen([binary, *args, "--requirepass", "s3cret"], stdout=subprocess.PIPE)
+    try:
+        assert server.stdout is not None
+        for line in server.stdout:
+            if b"Ready to accept connections" in line:
+                break
+        yield port
+    finally:
+        server.kill()
+        server.wait()
+
+
+async def test_password_and_database_from_the_url(password_redis: int) -> None:
+    port = password_redis
+    count = Script.of("redis.call('INCR', KEYS[1]); return redis.call('GET', KEYS[1])")
+    good = ScriptPipe(f"redis://:s3cret@127.0.0.1:{port}/3", timeout_s=2.0)
+    try:
+        assert await good.call(count, ["k"], []) == b"1"
+    finally:
+        await good.aclose()
+    check = aioredis.Redis.from_url(f"redis://:s3cret@127.0.0.1:{port}/3")
+    assert await check.get("k") == b"1"  # in database 3, not 0
+    await check.aclose()
+    wrong = ScriptPipe(f"redis://:nope@127.0.0.1:{port}/0", timeout_s=2.0)
+    with pytest.raises(StoreUnavailable) as refused:
+        await wrong.call(count, ["k"], [])
+    assert not refused.value.maybe_applied
+    await wrong.aclose()
+
+
+async def test_no_server_fails_at_once_and_nothing_was_applied() -> None:
+    pipe = ScriptPipe(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.5)
+    with pytest.raises(StoreUnavailable) as failed:
+        await pipe.call(Script.of("return 1"), [], [])
+    assert not failed.value.maybe_applied
+    await pipe.aclose()
+
+
+async def test_a_server_that_never_answers_times_out_and_the_call_may_have_run() -> None:
+    received = bytearray()
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.extend(await reader.read(65536))
+        await asyncio.sleep(5)
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pipe = ScriptPipe(f"redis://127.0.0.1:{port}/0", timeout_s=0.2)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as failed:
+            await pipe.call(Script.of("return 1"), [], [])
+        assert failed.value.maybe_applied
+        assert time.monotonic() - started < 1.0
+        assert received.startswith(b"*3\r\n$7\r\nEVALSHA")
+    finally:
+        await pipe.aclose()
+        server.close()
+
+
+def test_the_pipe_under_uvloop_the_loop_the_gateway_serves_with(
+    redis_server: RedisServer,
+) -> None:
+    # uvloop's transports are not asyncio.Transport subclasses: the protocol must not care.
+    async def scenario() -> list[int]:
+        pipe = ScriptPipe(redis_server.url, timeout_s=2.0, connections=2, max_batch=16)
+        echo = Script.of("return tonumber(ARGV[1]) * 3")
+        try:
+            return list(await asyncio.gather(*(pipe.call(echo, [], [i]) for i in range(100))))
+        finally:
+            await pipe.aclose()
+
+    assert uvloop.run(asyncio.wait_for(scenario(), 10)) == [3 * i for i in range(100)]
+
+
+async def test_a_check_does_not_wait_for_a_lingering_settlement(
+    redis_server: RedisServer,
+) -> None:
+    pipe = ScriptPipe(redis_server.url, timeout_s=2.0, connections=1)
+    slow = Script.of(
+        "local s = redis.call('TIME') repeat local n = redis.call('TIME')"
+        " until (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 100000 return 2"
+    )
+    quick = Script.of("return 1")
+    try:
+        await pipe.call(quick, [], [])
+        assert await pipe.call(slow, [], []) == 2  # connected, both scripts known
+        settlement = asyncio.ensure_future(pipe.call(slow, [], [], linger_s=0.05))
+        await asyncio.sleep(0)  # the settlement lingers in the queue
+        started = time.monotonic()
+        assert await pipe.call(quick, [], []) == 1  # sent at once, alone
+        assert time.monotonic() - started < 0.08  # not after the 100 ms script
+        assert not settlement.done()
+        assert await settlement == 2
     finally:
         await pipe.aclose()
