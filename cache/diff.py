@@ -129,6 +129,11 @@ def _shared_tokens(text: str) -> tuple[Token, ...]:
     return tuple(tokenize(text, Lexicon.shared()))
 
 
+def prepare(text: str) -> None:
+    """Tokenize a stored text ahead of its first comparison (remembered, as in ``_tokens``)."""
+    _shared_tokens(text)
+
+
 def _tokens(text: str, lexicon: Lexicon) -> list[Token]:
     """Tokens of a text; with the process's lexicon, remembered (stored questions recur)."""
     if lexicon is Lexicon.shared():

@@ -186,6 +186,10 @@ class SemanticCache:
             expires_at=time.time() + settings.ttl,
         )
         await self._store.put_entry(entry, response, settings.ttl, settings.max_entries)
+        if settings.gate == "verifier" and self.gate.verifier is not None:
+            # The stored text's tokens, now (a fill runs after its answer was sent) rather
+            # than in the first lookup that compares against it.
+            await asyncio.to_thread(self.gate.verifier.prepare, entry.text)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

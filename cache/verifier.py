@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cache import diff
 from cache.calibration import NEVER, CalibrationTable, PrecisionTable
 from cache.lexicon import Lexicon
 from cache.pairfeatures import FEATURE_NAMES, feature_matrix
@@ -283,6 +284,12 @@ class Verifier:
         if not stored:
             return np.zeros(0, dtype=np.float64)
         return self.scores_from_features(feature_matrix(stored, queries, cosines))
+
+    @staticmethod
+    def prepare(stored: str) -> None:
+        """Do the stored text's own share of a comparison now (its tokens are remembered), so
+        that a lookup later reads it rather than computes it."""
+        diff.prepare(stored)
 
     def score(self, stored: str, query: str, cosine: float) -> float:
         """The request gate's score of one pair (whatever kind of pair it is)."""

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from cache import diff
+from cache.lexicon import Lexicon
 from cache.semantic import CachePlan, ResponseCache
 from cache.store import InMemoryStore
 from cache.verifier import Verifier
@@ -199,4 +201,16 @@ async def test_verifier_gate_rejects_what_cosine_accepts(embedder: HashingEmbedd
     other = "The company reported revenue of 9.1 million dollars in 2003"
     assert await get(cache, embedder, gated, other) is None
     assert cache.stats.gate_rejections == 1
+    await cache.aclose()
+
+
+async def test_a_fill_tokenizes_the_stored_text_for_the_gate(embedder: HashingEmbedder) -> None:
+    gated = CachePolicy(exact=False, semantic=SemanticCacheConfig(gate="verifier"))
+    cache = ResponseCache(InMemoryStore(), Verifier.load())
+    q = f"How many moons does planet number {random.randrange(10**9)} have?"
+    await put(cache, embedder, gated, q, "a")
+    before = diff._shared_tokens.cache_info()
+    diff._tokens(q, Lexicon.shared())  # what the first lookup against it reads
+    after = diff._shared_tokens.cache_info()
+    assert (after.hits - before.hits, after.misses - before.misses) == (1, 0)
     await cache.aclose()
