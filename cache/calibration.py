@@ -27,7 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 Z_ONE_SIDED_95 = 1.6448536269514722
 Z_TWO_SIDED_95 = 1.959963984540054
@@ -48,6 +48,25 @@ def wilson(successes: int, n: int, z: float = Z_TWO_SIDED_95) -> tuple[float, fl
 
 def wilson_upper(successes: int, n: int, z: float = Z_ONE_SIDED_95) -> float:
     return wilson(successes, n, z)[1]
+
+
+class _Row(Protocol):
+    @property
+    def threshold(self) -> float: ...
+
+
+RowT = TypeVar("RowT", bound=_Row)
+
+
+def _row_at(rows: Sequence[RowT], threshold: float) -> RowT | None:
+    """The first row at or above ``threshold`` (rows by increasing threshold)."""
+    return next((row for row in rows if row.threshold >= threshold), None)
+
+
+def _increasing(rows: tuple[RowT, ...]) -> tuple[RowT, ...]:
+    if any(a.threshold >= b.threshold for a, b in pairwise(rows)):
+        raise ValueError("calibration rows must have increasing thresholds")
+    return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +120,7 @@ class CalibrationTable:
         return NEVER
 
     def row_at(self, threshold: float) -> CalibrationRow | None:
-        for row in self.rows:
-            if row.threshold >= threshold:
-                return row
-        return None
+        return _row_at(self.rows, threshold)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,13 +130,14 @@ class CalibrationTable:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CalibrationTable:
-        rows = tuple(
-            CalibrationRow(float(t), int(fh), int(n), int(th), int(p))
-            for t, fh, n, th, p in data["rows"]
+        return cls(
+            _increasing(
+                tuple(
+                    CalibrationRow(float(t), int(fh), int(n), int(th), int(p))
+                    for t, fh, n, th, p in data["rows"]
+                )
+            )
         )
-        if any(a.threshold >= b.threshold for a, b in pairwise(rows)):
-            raise ValueError("calibration rows must have increasing thresholds")
-        return cls(rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,10 +181,7 @@ class PrecisionTable:
         return NEVER
 
     def row_at(self, threshold: float) -> PrecisionRow | None:
-        for row in self.rows:
-            if row.threshold >= threshold:
-                return row
-        return None
+        return _row_at(self.rows, threshold)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -177,9 +191,10 @@ class PrecisionTable:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PrecisionTable:
-        rows = tuple(
-            PrecisionRow(float(t), int(h), int(th), int(p)) for t, h, th, p in data["rows"]
+        return cls(
+            _increasing(
+                tuple(
+                    PrecisionRow(float(t), int(h), int(th), int(p)) for t, h, th, p in data["rows"]
+                )
+            )
         )
-        if any(a.threshold >= b.threshold for a, b in pairwise(rows)):
-            raise ValueError("calibration rows must have increasing thresholds")
-        return cls(rows)
