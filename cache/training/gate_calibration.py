@@ -54,6 +54,25 @@ class Pairs:
     label: npt.NDArray[np.int64]
     statement: Mask
 
+    def to_json(self) -> dict[str, list[Any]]:
+        """Per pair, in order: what the artifact keeps so that its figures can be recomputed
+        without the dev files (labels and kinds only, never the texts)."""
+        return {
+            "origin": self.origin.tolist(),
+            "source": self.source.tolist(),
+            "label": self.label.tolist(),
+            "statement": self.statement.tolist(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, list[Any]]) -> Pairs:
+        return cls(
+            np.array(data["origin"], dtype=np.str_),
+            np.array(data["source"], dtype=np.str_),
+            np.array(data["label"], dtype=np.int64),
+            np.array(data["statement"], dtype=bool),
+        )
+
 
 @dataclass(frozen=True)
 class Calibrated:

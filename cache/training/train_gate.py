@@ -144,7 +144,8 @@ def dev_pairs() -> Pairs:
     )
 
 
-def _store(calibrated: Calibrated, data: dict[str, Any]) -> None:
+def _store(calibrated: Calibrated, pairs: Pairs, data: dict[str, Any]) -> None:
+    data["metadata"]["pairs"] = pairs.to_json()
     data["calibration"] = calibrated.requests.to_json()
     data["statements"]["calibration"] = calibrated.statements.to_json()
     data["metadata"]["calibrated_on"] = calibrated.calibrating
@@ -156,7 +157,7 @@ def recalibrate(path: Path) -> None:
     data = json.loads(path.read_text())
     pairs = dev_pairs()
     request, statement = stored_scores(pairs, data["metadata"])
-    _store(calibrate(pairs, request, statement), data)
+    _store(calibrate(pairs, request, statement), pairs, data)
     path.write_text(json.dumps(data, separators=(",", ":")) + "\n")
 
 
@@ -246,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             "calibrated_on": calibrated.calibrating,
             "out_of_fold_scores": request_json,
             "statement_scores": statement_json,
+            "pairs": dev_pairs().to_json(),  # labels and kinds of the scored pairs, in order
         },
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)

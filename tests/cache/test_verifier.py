@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from cache.lexicon import Lexicon
 from cache.pairfeatures import FEATURE_NAMES
 from cache.statements import statement_pair
 from cache.training.data import paraphrase_file
-from cache.training.pairs import Pair, read_pairs
+from cache.training.pairs import read_pairs
 from cache.verifier import DEFAULT_ARTIFACT, TreeEnsemble, Verifier
 
 
@@ -82,19 +83,33 @@ def test_gate_on_crafted_pairs(verifier: Verifier) -> None:
     )
 
 
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+@dataclass(frozen=True)
+class Scored:
+    """One scored dev pair, as the artifact records it (labels and kinds, never the texts)."""
+
+    label: int
+    source: str
+    statement: bool
+
+
+def _scored(meta: dict[str, Any], origin: str) -> list[Scored]:
+    pairs = meta["pairs"]
+    return [
+        Scored(int(y), str(k), bool(st))
+        for o, y, k, st in zip(
+            pairs["origin"], pairs["label"], pairs["source"], pairs["statement"], strict=True
+        )
+        if o == origin
+    ]
 
 
 def test_artifact_reproduces_its_out_of_fold_figures(verifier: Verifier) -> None:
     """Both calibration tables and the recorded figures follow from the stored out-of-fold
-    scores and the dev files' labels: nothing in the artifact was edited by hand."""
+    scores and the scored pairs' labels (recorded beside them, so no dev file is needed):
+    nothing in the artifact was edited by hand. Recomputed here, not by the training code."""
     meta: dict[str, Any] = verifier.metadata
-    for name, digest in meta["data_sha256"].items():
-        assert _sha(paraphrase_file(name)) == digest, f"{name} changed since training"
-    lex = Lexicon.shared()
-    near = read_pairs(paraphrase_file("pairs_nearmiss_dev.tsv"))
-    dev = read_pairs(paraphrase_file("pairs_dev.tsv"))
+    near, dev = _scored(meta, "nearmiss"), _scored(meta, "dev")
+    assert (len(near), len(dev)) == (meta["trained_on"]["nearmiss"], meta["trained_on"]["dev"])
     scores, statement_scores = meta["out_of_fold_scores"], meta["statement_scores"]
     # The request table: each near-miss pair's worst score over the calibrating splits.
     per_split = np.array([scores[f"nearmiss_{s}"] for s in meta["calibrated_on"]])
@@ -103,12 +118,10 @@ def test_artifact_reproduces_its_out_of_fold_figures(verifier: Verifier) -> None
     thresholds = [row.threshold for row in verifier.calibration.rows]
     table = CalibrationTable.from_scores(worst.tolist(), labels.tolist(), thresholds)
     assert table == verifier.calibration
-    # The statement table: the dev statement pairs' scores (as the rule picks them today).
+    # The statement table: the dev statement pairs' scores.
     assert verifier.statements is not None
-    dev_statement = [statement_pair(p.text_a, p.text_b, lex) for p in dev]
-    near_statement = [statement_pair(p.text_a, p.text_b, lex) for p in near]
-    assert len(statement_scores["dev_topic"]) == sum(dev_statement) > 2500
-    statement_labels = [p.label for p, s in zip(dev, dev_statement, strict=True) if s]
+    assert len(statement_scores["dev_topic"]) == sum(p.statement for p in dev) > 2500
+    statement_labels = [p.label for p in dev if p.statement]
     rows = verifier.statements.calibration.rows
     precision = PrecisionTable.from_scores(
         statement_scores["dev_topic"], statement_labels, [r.threshold for r in rows]
@@ -116,13 +129,12 @@ def test_artifact_reproduces_its_out_of_fold_figures(verifier: Verifier) -> None
     assert precision == verifier.statements.calibration
     t_request, t_statement = verifier.threshold, verifier.threshold_for_statements(0.98)
 
-    def decided(pairs: list[Pair], request: list[float], statement: list[float]) -> list[bool]:
+    def decided(pairs: list[Scored], request: list[float], statement: list[float]) -> list[bool]:
         """Statement pairs by their statement score, the others by their request score."""
-        kinds = [statement_pair(p.text_a, p.text_b, lex) for p in pairs]
         taken = iter(statement)
         return [
-            next(taken) >= t_statement if is_statement else r >= t_request
-            for is_statement, r in zip(kinds, request, strict=True)
+            next(taken) >= t_statement if p.statement else r >= t_request
+            for p, r in zip(pairs, request, strict=True)
         ]
 
     for split, recorded in meta["out_of_fold_at_default"].items():
@@ -134,13 +146,38 @@ def test_artifact_reproduces_its_out_of_fold_figures(verifier: Verifier) -> None
         for source, figure in recorded["nearmiss"]["by_source"].items():
             n = sum(h for h, p in zip(hits, near, strict=True) if p.source == source)
             assert figure["hits"] == n, (split, source)
-        assert recorded["nearmiss"]["statement_pairs"]["n"] == sum(near_statement)
+        assert recorded["nearmiss"]["statement_pairs"]["n"] == sum(p.statement for p in near)
     hits = decided(dev, scores["dev_topic"], statement_scores["dev_topic"])
     served = [p.label for p, h in zip(dev, hits, strict=True) if h]
     recorded_dev = meta["out_of_fold_at_default"]["topic"]["dev"]
     assert recorded_dev["precision"]["n"] == len(served)
     assert recorded_dev["precision"]["hits"] == sum(served)
     assert recorded_dev["recall"]["n"] == sum(p.label for p in dev)
+
+
+def test_the_recorded_pairs_are_the_dev_files_when_they_are_here(verifier: Verifier) -> None:
+    """Where the dev files are (the training machine), the recorded labels, kinds and
+    statement marks are theirs, and the statement rule still marks what it marked."""
+    meta: dict[str, Any] = verifier.metadata
+    try:
+        files = {name: paraphrase_file(name) for name in meta["data_sha256"]}
+        present = all(path.is_file() for path in files.values())
+    except FileNotFoundError:
+        present = False
+    if not present:
+        # A fresh machine without the evaluation data: what this test can say, it says from
+        # the artifact alone (the digests name the files the figures come from).
+        assert set(meta["data_sha256"]) == {"pairs_dev.tsv", "pairs_nearmiss_dev.tsv"}
+        return
+    for name, path in files.items():
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == meta["data_sha256"][name]
+    lex = Lexicon.shared()
+    for origin, name in (("dev", "pairs_dev.tsv"), ("nearmiss", "pairs_nearmiss_dev.tsv")):
+        pairs = read_pairs(files[name])
+        expected = [
+            Scored(p.label, p.source, statement_pair(p.text_a, p.text_b, lex)) for p in pairs
+        ]
+        assert _scored(meta, origin) == expected, origin
 
 
 def test_artifact_meets_the_targets_out_of_fold(verifier: Verifier) -> None:
