@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.protocol.anthropic_messages_output import new_message_id, stop_reason, usage
-from gateway.protocol.chat_events import DONE, ChatEvents
+from gateway.protocol.chat_events import ChatEvents, retell
 from gateway.protocol.sse import encode_named
 
 
@@ -55,17 +55,14 @@ class MessagesStream:
 
     def feed(self, data: bytes) -> bytes:
         out: list[bytes] = []
-        for event in self._events.feed(data):
-            if self.done:
-                break
-            if event == DONE:
-                self._complete(out)
-            elif isinstance(event, dict):
-                if "error" in event:
-                    error = event["error"] if isinstance(event["error"], dict) else {}
-                    out.append(self._error(str(error.get("message") or "upstream error")))
-                else:
-                    self._chunk(event, out)
+        retell(
+            self._events,
+            data,
+            finished=lambda: self.done,
+            complete=lambda: self._complete(out),
+            fail=lambda message: out.append(self._error(message)),
+            chunk=lambda event: self._chunk(event, out),
+        )
         return b"".join(out)
 
     def fail(self, message: str) -> bytes:

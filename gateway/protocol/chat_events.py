@@ -9,6 +9,7 @@ comment, a keep-alive) is skipped.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Final
 
 from gateway.protocol.sse import DONE as DONE_PAYLOAD
@@ -37,3 +38,28 @@ class ChatEvents:
                 if isinstance(obj, dict):
                     out.append(obj)
         return out
+
+
+def retell(
+    events: ChatEvents,
+    data: bytes,
+    *,
+    finished: Callable[[], bool],
+    complete: Callable[[], None],
+    fail: Callable[[str], None],
+    chunk: Callable[[dict[str, Any]], None],
+) -> None:
+    """Hand each whole event of ``data`` to the translator's handler until ``finished()``:
+    ``[DONE]`` to ``complete``, an upstream error object to ``fail`` (with its message), every
+    other chunk to ``chunk``. The one reading of a chat stream that other APIs re-tell."""
+    for event in events.feed(data):
+        if finished():
+            break
+        if event == DONE:
+            complete()
+        elif isinstance(event, dict):
+            if "error" in event:
+                error = event["error"] if isinstance(event["error"], dict) else {}
+                fail(str(error.get("message") or "upstream error"))
+            else:
+                chunk(event)

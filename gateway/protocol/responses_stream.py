@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.protocol.chat_events import DONE, ChatEvents
+from gateway.protocol.chat_events import ChatEvents, retell
 from gateway.protocol.responses import ResponsesRequest, new_id
 from gateway.protocol.responses_output import (
     finish,
@@ -72,17 +72,14 @@ class ResponsesStream:
 
     def feed(self, data: bytes) -> bytes:
         out: list[bytes] = []
-        for event in self._events.feed(data):
-            if self.done:
-                break
-            if event == DONE:
-                self._complete(out)
-            elif isinstance(event, dict):
-                if "error" in event:
-                    error = event["error"] if isinstance(event["error"], dict) else {}
-                    self._fail(out, str(error.get("message") or "upstream error"))
-                else:
-                    self._chunk(event, out)
+        retell(
+            self._events,
+            data,
+            finished=lambda: self.done,
+            complete=lambda: self._complete(out),
+            fail=lambda message: self._fail(out, message),
+            chunk=lambda event: self._chunk(event, out),
+        )
         return b"".join(out)
 
     def fail(self, message: str) -> bytes:

@@ -17,7 +17,6 @@ from typing import Any
 import grpc  # type: ignore[import-untyped]
 import pytest
 from aiohttp import web
-from multidict import CIMultiDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -29,10 +28,12 @@ from bench.fake_upstream import site_port
 from gateway.observability.otlp import Encoder, Exporter, GrpcSender, HttpSender, SpanRecord
 from gateway.observability.spans import NOOP_REQUEST, Tracer, parse_traceparent
 from gateway.observability.tracing import body_attributes
-
-CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
-CALLER_SPAN = "00f067aa0ba902b7"
-TRACEPARENT = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+from tests.gateway.observability.hedged_request import (
+    CALLER_SPAN,
+    CALLER_TRACE,
+    TRACEPARENT,
+    run_request,
+)
 
 
 class Receiver:
@@ -102,47 +103,6 @@ def attrs(span: Span | Span.Event) -> dict[str, Any]:
         return getattr(value, kind)
 
     return {kv.key: plain(kv.value) for kv in span.attributes}
-
-
-def run_request(tracer: Tracer, prompt: str = "secret prompt") -> CIMultiDict[str]:
-    """What the orchestrator does for one hedged request; returns the upstream headers."""
-    headers = CIMultiDict({"traceparent": TRACEPARENT, "tracestate": "vendor=1"})
-    body = {"model": "m", "max_tokens": 16, "temperature": 0.2, "stream": True}
-    rs = tracer.start_request(operation="chat", request_model="m", headers=headers, body=body)
-    rs.decision({"surface": "voice", "tenant": "team-a", "priority": "interactive", "x": None})
-    with rs.child("gateway.cache.lookup", {"gateway.cache.result": "miss"}):
-        pass
-    with rs.child("gateway.route") as stage:
-        stage.set_attribute("gateway.route.reason", "prefix")
-    upstream: CIMultiDict[str] = CIMultiDict()
-    first = rs.attempt(
-        base_url="http://10.0.0.1:8000/v1", upstream_model="llama", backend="b", replica="r1"
-    )
-    first.inject(upstream)
-    hedge = rs.attempt(
-        base_url="http://10.0.0.2:8001/v1",
-        upstream_model="llama",
-        backend="b",
-        replica="r2",
-        hedge=True,
-        index=1,
-    )
-    hedge.first_chunk()
-    first.end("cancelled")
-    hedge.end("won", 200)
-    rs.first_token(123.0)
-    rs.budget_breach("ttft", 100.0, 123.0)
-    rs.decision({"hedge.fired": True, "hedge.winner": "hedge", "budget.headroom_ms": -23.0})
-    rs.response(
-        model="llama",
-        input_tokens=5,
-        output_tokens=7,
-        finish_reasons=["stop"],
-        server_url="http://10.0.0.2:8001/v1",
-    )
-    rs.content(f'[{{"role":"user","content":"{prompt}"}}]', '[{"content":"answer"}]')
-    rs.end(200)
-    return upstream
 
 
 async def _export(tracer: Tracer, exporter: Exporter) -> None:

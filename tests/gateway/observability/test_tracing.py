@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
-from multidict import CIMultiDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -16,10 +15,12 @@ from opentelemetry.trace import SpanKind, StatusCode
 from bench.fake_upstream import site_port
 from gateway.observability.tracing import NOOP_REQUEST, Telemetry, export_settings
 from policies.server import TelemetryConfig
-
-CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
-CALLER_SPAN = "00f067aa0ba902b7"
-TRACEPARENT = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+from tests.gateway.observability.hedged_request import (
+    CALLER_SPAN,
+    CALLER_TRACE,
+    TRACEPARENT,
+)
+from tests.gateway.observability.hedged_request import run_request as _run
 
 
 def traced(record_content: bool = False) -> tuple[Telemetry, InMemorySpanExporter]:
@@ -32,50 +33,9 @@ def by_name(spans: Sequence[ReadableSpan]) -> dict[str, ReadableSpan]:
     return {s.name: s for s in spans}
 
 
-def run_request(tel: Telemetry, prompt: str = "secret prompt") -> CIMultiDict[str]:
-    """What the orchestrator does for one hedged request; returns the upstream headers."""
-    headers = CIMultiDict({"traceparent": TRACEPARENT, "tracestate": "vendor=1"})
-    body = {"model": "m", "max_tokens": 16, "temperature": 0.2, "stream": True}
-    rs = tel.start_request(operation="chat", request_model="m", headers=headers, body=body)
-    rs.decision({"surface": "voice", "tenant": "team-a", "priority": "interactive", "x": None})
-    with rs.child("gateway.cache.lookup", {"gateway.cache.result": "miss"}):
-        pass
-    with rs.child("gateway.route") as span:
-        span.set_attribute("gateway.route.reason", "prefix")
-    upstream: CIMultiDict[str] = CIMultiDict(headers)
-    first = rs.attempt(
-        base_url="http://10.0.0.1:8000/v1", upstream_model="llama", backend="b", replica="r1"
-    )
-    first.inject(upstream)
-    hedge = rs.attempt(
-        base_url="http://10.0.0.2:8001/v1",
-        upstream_model="llama",
-        backend="b",
-        replica="r2",
-        hedge=True,
-        index=1,
-    )
-    hedge.first_chunk()
-    first.end("cancelled")
-    hedge.end("won", 200)
-    rs.first_token(123.0)
-    rs.budget_breach("ttft", 100.0, 123.0)
-    rs.decision({"hedge.fired": True, "hedge.winner": "hedge", "budget.headroom_ms": -23.0})
-    rs.response(
-        model="llama",
-        input_tokens=5,
-        output_tokens=7,
-        finish_reasons=["stop"],
-        server_url="http://10.0.0.2:8001/v1",
-    )
-    rs.content(f'[{{"role":"user","content":"{prompt}"}}]', '[{"content":"answer"}]')
-    rs.end(200)
-    return upstream
-
-
 def test_request_span_follows_the_genai_conventions() -> None:
     tel, exporter = traced()
-    run_request(tel)
+    _run(tel, keep_incoming=True)
     spans = by_name(exporter.get_finished_spans())
     root = spans["chat m"]
     assert root.kind is SpanKind.SERVER
@@ -96,7 +56,7 @@ def test_request_span_follows_the_genai_conventions() -> None:
 
 def test_caller_context_is_continued_and_stages_are_children() -> None:
     tel, exporter = traced()
-    run_request(tel)
+    _run(tel, keep_incoming=True)
     spans = by_name(exporter.get_finished_spans())
     root = spans["chat m"]
     assert root.parent is not None and format(root.parent.span_id, "016x") == CALLER_SPAN
@@ -113,7 +73,7 @@ def test_caller_context_is_continued_and_stages_are_children() -> None:
 
 def test_upstream_headers_carry_the_attempt_span() -> None:
     tel, exporter = traced()
-    upstream = run_request(tel)
+    upstream = _run(tel, keep_incoming=True)
     first = next(
         s
         for s in exporter.get_finished_spans()
@@ -127,12 +87,12 @@ def test_upstream_headers_carry_the_attempt_span() -> None:
 
 def test_content_is_never_recorded_unless_opted_in() -> None:
     tel, exporter = traced(record_content=False)
-    run_request(tel)
+    _run(tel, keep_incoming=True)
     for span in exporter.get_finished_spans():
         for value in dict(span.attributes or {}).values():
             assert "secret prompt" not in str(value)
     tel2, exporter2 = traced(record_content=True)
-    run_request(tel2)
+    _run(tel2, keep_incoming=True)
     root = by_name(exporter2.get_finished_spans())["chat m"]
     assert "secret prompt" in str(dict(root.attributes or {})["gen_ai.input.messages"])
 
@@ -154,7 +114,7 @@ def test_disabled_telemetry_is_a_shared_no_op() -> None:
     rs = tel.start_request(operation="chat", request_model="m", headers={})
     assert rs is NOOP_REQUEST and not rs.recording
     headers: dict[str, str] = {"traceparent": TRACEPARENT}
-    run_request(tel)  # every helper is callable and does nothing
+    _run(tel, keep_incoming=True)  # every helper is callable and does nothing
     rs.attempt(base_url="http://h:1", upstream_model="m", backend="b", replica="r").inject(headers)
     assert headers == {"traceparent": TRACEPARENT}  # the caller's context passes untouched
     assert not Telemetry.from_config(
@@ -346,7 +306,7 @@ async def test_spans_reach_a_real_otlp_http_receiver() -> None:
             sample_ratio=1.0,
         )
         tel = Telemetry.from_config(cfg, {})
-        run_request(tel)
+        _run(tel, keep_incoming=True)
         # The exporter posts from its thread; the receiver runs on this loop.
         assert await asyncio.to_thread(tel.force_flush, 10_000)
         await asyncio.wait_for(got.wait(), 10)
