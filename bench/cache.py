@@ -7,11 +7,12 @@ The queries are the matching text_b, looked up one at a time (concurrency 1) thr
 ``ResponseCache.lookup``, exactly the server's path:
 
 * ``embed``: the embedding alone (the part shared with the difficulty router);
-* ``lookup cosine``: embedding + exact get + faiss search + cosine gate + Redis read;
+* ``lookup cosine``: embedding (computing while the exact key is read) + faiss search +
+  cosine gate + Redis read;
 * ``lookup gated``: the same with the learned verifier (the shipped setting), and its cache
   part alone (the embedding given, as the gateway computes it once for cache and router);
-* ``miss``: added latency of a lookup that cannot hit (empty group): exact get + group check,
-  without and with the embedding;
+* ``miss``: a lookup that cannot hit (empty group): exact get + group check, without the
+  embedding, and with it (the lookup does not wait for it, the fill after the answer does);
 * ``rps``: lookups per second at concurrency 16 (embedding micro-batched).
 
     python -m bench.cache [--sizes 1000,10000,100000] [--queries 300] [--json FILE]
@@ -42,6 +43,7 @@ from cache.redis_store import RedisStore
 from cache.semantic import ResponseCache, entry_id_for
 from cache.training.pairs import embed_cached, read_pairs
 from cache.verifier import Verifier
+from gateway.call import UserQuery
 from gateway.protocol.openai import Endpoint, user_text
 from policies.cache import CachePolicy, SemanticCacheConfig
 
@@ -178,10 +180,15 @@ async def run_size(
 
         hits = {"gated": 0, "cosine": 0}
 
-        async def lookup(i: int, policy: CachePolicy, name: str) -> None:
-            vec = (await embedder.embed([qs[i]]))[0]
-            if await cache.lookup(await plan_of(qs[i], policy), policy, vec) is not None:
-                hits[name] += 1
+        async def lookup(i: int, policy: CachePolicy, name: str, surface: str = "s") -> bool:
+            # As gateway.stages.cache does it: the embedding computes while the exact key is read.
+            plan = await plan_of(qs[i], policy, surface)
+            query = UserQuery(embedder, qs[i])
+            query.start()
+            hit = await cache.lookup(plan, policy, query.vector) is not None
+            hits[name] += hit
+            await query.vector()  # the fill's, or the router's (a miss in an empty group)
+            return hit
 
         async def embed_only(i: int) -> None:
             await embedder.embed([qs[i]])
@@ -194,8 +201,11 @@ async def run_size(
             await cache.lookup(plan, GATED, vectors[i])
 
         async def miss_with_embed(i: int) -> None:
-            vec = (await embedder.embed([qs[i]]))[0]
-            await cache.lookup(await plan_of(qs[i], GATED, surface="empty"), GATED, vec)
+            plan = await plan_of(qs[i], GATED, surface="empty")
+            query = UserQuery(embedder, qs[i])
+            query.start()
+            await cache.lookup(plan, GATED, query.vector)
+            await query.vector()  # the lookup did not wait for it; the fill will
 
         vectors = embedder.embed_sync(qs)
         await timed(20, embed_only)  # warm-up

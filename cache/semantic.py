@@ -24,7 +24,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -40,6 +40,10 @@ from cache.verifier import Verifier
 from policies.cache import CachePolicy, SemanticCacheConfig
 
 log = logging.getLogger(__name__)
+
+# The request's embedding when the lookup needs it: awaited only after the exact key missed, so
+# an embedding set computing before the lookup runs while the exact key is read.
+EmbeddingSource = Callable[[], Awaitable[Vector | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +142,17 @@ class SemanticCache:
         )
         return self.gate.choose(request.query_text, candidates, settings, request.scope.namespace)
 
+    def searchable(self, request: CacheRequest) -> bool:
+        """A query text, and entries in its group to compare it with."""
+        return (
+            request.query_text is not None
+            and self.index.group_size(request.scope, request.context_key) > 0
+        )
+
     async def lookup(
         self, request: CacheRequest, embedding: Vector, settings: SemanticCacheConfig
     ) -> tuple[CacheHit | None, GateVerdict]:
-        if request.query_text is None:
-            return None, GateVerdict(0)
-        if self.index.group_size(request.scope, request.context_key) == 0:
+        if not self.searchable(request):
             return None, GateVerdict(0)
         loop = asyncio.get_running_loop()
         verdict = await loop.run_in_executor(
@@ -252,13 +261,13 @@ class ResponseCache:
         return CachePlan(request, lookup, fill, semantic=mode == "semantic", rule=rule)
 
     async def lookup(
-        self, plan: CachePlan, policy: CachePolicy, embedding: Vector | None
+        self, plan: CachePlan, policy: CachePolicy, embedding: Vector | EmbeddingSource | None
     ) -> CacheHit | None:
         """Exact, then semantic (when an embedding of the last user message is given)."""
         return (await self.lookup_detailed(plan, policy, embedding)).hit
 
     async def lookup_detailed(
-        self, plan: CachePlan, policy: CachePolicy, embedding: Vector | None
+        self, plan: CachePlan, policy: CachePolicy, embedding: Vector | EmbeddingSource | None
     ) -> LookupResult:
         """``lookup`` with the semantic gate's verdict (for the request's span)."""
         request = plan.request
@@ -274,8 +283,18 @@ class ResponseCache:
                 if hit is not None:
                     self.stats.exact_hits += 1
                     return LookupResult(hit)
-            if plan.semantic and policy.semantic is not None and embedding is not None:
-                hit, verdict = await self.semantic.lookup(request, embedding, policy.semantic)
+            if (
+                plan.semantic
+                and policy.semantic is not None
+                and embedding is not None
+                and self.semantic.searchable(request)
+            ):
+                # An empty group never waits for the embedding (the fill awaits it later).
+                vector = await embedding() if callable(embedding) else embedding
+                if vector is None:
+                    self.stats.misses += 1
+                    return LookupResult(None)
+                hit, verdict = await self.semantic.lookup(request, vector, policy.semantic)
                 if hit is not None:
                     self.stats.semantic_hits += 1
                     return LookupResult(hit, verdict)

@@ -9,6 +9,7 @@ the difficulty estimator alike.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,19 +51,30 @@ class Embedder(Protocol):
 
 @dataclass(slots=True)
 class UserQuery:
-    """The user's text and its one embedding (computed on first use)."""
+    """The user's text and its one embedding: ``start`` sets it computing (the cache stage does,
+    so that it runs while the exact key is read); every ``vector`` call awaits that one task."""
 
     embedder: Embedder | None
     text: str | None
-    _vector: Any = None
-    _done: bool = False
+    _task: asyncio.Future[Any] | None = None
+
+    def start(self) -> None:
+        if self._task is None and self.embedder is not None and self.text:
+            self._task = asyncio.ensure_future(self.embedder.embed([self.text]))
+            # An exact hit may never await it: its outcome is still retrieved, never logged.
+            self._task.add_done_callback(_retrieve)
 
     async def vector(self) -> Any:
-        if not self._done:
-            self._done = True
-            if self.embedder is not None and self.text:
-                self._vector = (await self.embedder.embed([self.text]))[0]
-        return self._vector
+        self.start()
+        if self._task is None:
+            return None
+        # Shielded: a caller that times out leaves the embedding to the others.
+        return (await asyncio.shield(self._task))[0]
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 @dataclass(slots=True)

@@ -242,8 +242,11 @@ class CacheStage:
         try:
             async with asyncio.timeout(self.timeout_s + 0.5):
                 semantic = policy.semantic is not None and plan.semantic
-                vector = await call.query.vector() if semantic else None
-                found = await self.cache.lookup_detailed(plan, policy, vector)
+                if semantic:
+                    call.query.start()  # computing while the exact key is read
+                found = await self.cache.lookup_detailed(
+                    plan, policy, call.query.vector if semantic else None
+                )
                 return Lookup(plan, found.hit, found.verdict)
         except TimeoutError:
             self.cache.stats.unavailable += 1

@@ -214,3 +214,40 @@ async def test_a_fill_tokenizes_the_stored_text_for_the_gate(embedder: HashingEm
     after = diff._shared_tokens.cache_info()
     assert (after.hits - before.hits, after.misses - before.misses) == (1, 0)
     await cache.aclose()
+
+
+async def test_the_embedding_is_awaited_only_by_a_semantic_search(
+    embedder: HashingEmbedder,
+) -> None:
+    """An exact hit, or a group with nothing to compare with, never waits for the embedding
+    (the gateway computes it meanwhile, for the fill and the router)."""
+    cache = ResponseCache(InMemoryStore(), None)
+    await put(cache, embedder, COSINE, "how do I reset my password", "click reset")
+    awaited: list[str] = []
+
+    def source(q: str) -> Any:
+        async def vector() -> Any:
+            awaited.append(q)
+            return (await embedder.embed([q]))[0]
+
+        return vector
+
+    async def lookup(q: str, surface: str = "chat") -> Any:
+        plan = plan_for(cache, chat(q), COSINE, surface=surface)
+        return await cache.lookup(plan, COSINE, source(q))
+
+    exact = await lookup("how do I reset my password")
+    assert exact is not None and exact.kind == "exact" and awaited == []
+    assert await lookup("how do I reset my password please", surface="other") is None
+    assert awaited == []  # that surface's group is empty
+    near = await lookup("how do I reset my password please")
+    assert near is not None and near.kind == "semantic"
+    assert awaited == ["how do I reset my password please"]
+
+    async def no_vector() -> Any:
+        return None
+
+    plan = plan_for(cache, chat("how do I reset my password now"), COSINE)
+    assert await cache.lookup(plan, COSINE, no_vector) is None
+    assert cache.stats.errors == 0
+    await cache.aclose()
