@@ -124,6 +124,8 @@ async def run_arm(
     return {
         "hits": delta["vllm:prefix_cache_hits_total"],
         "queries": delta["vllm:prefix_cache_queries_total"],
+        "computed": delta["vllm:prefix_cache_queries_total"]
+        - delta["vllm:prefix_cache_hits_total"],
         "ttft_mean": delta["vllm:time_to_first_token_seconds_sum"]
         / max(delta["vllm:time_to_first_token_seconds_count"], 1),
         "prefill_mean": delta["vllm:request_prefill_time_seconds_sum"]
@@ -144,10 +146,10 @@ async def test_prefix_routing_beats_round_robin_on_real_vllm(
     assert prefix["queries"] > 0
     # Expected about 2x (14 warm requests of 21 against 7); demand a clear margin.
     assert prefix["hits"] >= 1.4 * rr["hits"]
-    # Server-side time to the first token, less the time queued: the prefill. (The TTFT mean
-    # itself, printed above, flipped in 2 of ~10 runs on two shared cores: one request delayed
-    # by another process outweighs 21 requests' few ms of difference.)
-    assert prefix["prefill_mean"] < rr["prefill_mean"]
+    # Less prefill: the prompt tokens the engines computed rather than read from their cache.
+    # (Counted, not timed: the prefill and TTFT means, printed above, flip now and then on two
+    # shared cores, where one request delayed by another process outweighs the difference.)
+    assert prefix["computed"] < 0.8 * rr["computed"]  # ~0.55x expected
 
 
 async def test_precise_prefix_routing_on_real_vllm_kv_events(
@@ -163,4 +165,4 @@ async def test_precise_prefix_routing_on_real_vllm_kv_events(
     # tokenization and chat rendering agree with the engine's.
     assert precise["min_match_warm"] >= 128
     assert precise["hits"] >= 1.4 * rr["hits"]
-    assert precise["prefill_mean"] < rr["prefill_mean"]
+    assert precise["computed"] < 0.8 * rr["computed"]
