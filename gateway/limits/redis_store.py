@@ -38,8 +38,6 @@ log = logging.getLogger("llm_gateway.limits")
 _ERRORS = (RedisError, OSError, TimeoutError)
 _BLOCKERS: dict[int, Blocker | None] = {0: None, 1: "bucket", 2: "slot", 3: "budget"}
 _MICRO = 10**6  # pUSD per micro-dollar: money is sent and stored as (micro, pUSD rest)
-# Settlements and renewals run after the answer: they wait this long for company in one write.
-LINGER_S = 0.002
 _ACQUIRE, _SETTLE, _RENEW = (Script.of(text) for text in (lua.ACQUIRE, lua.SETTLE, lua.RENEW))
 
 
@@ -116,7 +114,7 @@ class RedisLimitStore:
                     args += [name, *divmod(value, _MICRO)]
                 else:
                     args += [name, value, 0]
-        raw: list[int] | int = await self._call(_SETTLE, keys, args, LINGER_S)
+        raw: list[int] | int = await self._call(_SETTLE, keys, args)
         if not isinstance(raw, list):
             return None  # this settlement had run already: its answer was lost on the way
         return tuple(raw[i] * _MICRO + raw[i + 1] for i in range(0, len(raw), 2))
@@ -128,7 +126,7 @@ class RedisLimitStore:
             return
         keys = [key for key, _ in leases]
         args: list[Arg] = [_arg(now_ms), ttl_ms, *(lease for _, lease in leases)]
-        await self._call(_RENEW, keys, args, LINGER_S)
+        await self._call(_RENEW, keys, args)
 
     async def read_usage(self, key: str, now_ms: int | None = None) -> dict[str, int]:
         try:
@@ -155,13 +153,11 @@ class RedisLimitStore:
     def available(self) -> bool:
         return self._down_since is None or time.monotonic() >= self._retry_at
 
-    async def _call(
-        self, script: Script, keys: list[str], args: list[Arg], linger_s: float = 0.0
-    ) -> Any:
+    async def _call(self, script: Script, keys: list[str], args: list[Arg]) -> Any:
         if self._down_since is not None and time.monotonic() < self._retry_at:
             raise StoreUnavailable("redis limit store is in back-off")
         try:
-            result = await self._pipe.call(script, keys, args, linger_s)
+            result = await self._pipe.call(script, keys, args)
         except StoreUnavailable as exc:
             self._failed(exc)
             raise
