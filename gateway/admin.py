@@ -175,21 +175,31 @@ async def _reload(request: web.Request) -> web.Response:
     check_admin(request)
     live = request.app[LIVE]
     if live.path is None:
-        return web.json_response(
-            error_body("no policy file to reload", "invalid_request_error"), status=400
-        )
+        return no_policy_file()
     try:
         rt = await live.reload()
     except PolicyError as exc:
-        return web.json_response(
-            error_body(
-                "policy rejected; the running policy is unchanged:\n" + str(exc),
-                "invalid_request_error",
-                "invalid_policy",
-            ),
-            status=400,
-        )
+        return policy_rejected(exc)
     return web.json_response({"status": "reloaded", "policy": rt.source.file})
+
+
+def no_policy_file() -> web.Response:
+    """400 to a reload of a gateway started without a policy file."""
+    return web.json_response(
+        error_body("no policy file to reload", "invalid_request_error"), status=400
+    )
+
+
+def policy_rejected(exc: PolicyError) -> web.Response:
+    """400 to a reload whose file did not load (``file:line: key: message``); nothing changed."""
+    return web.json_response(
+        error_body(
+            "policy rejected; the running policy is unchanged:\n" + str(exc),
+            "invalid_request_error",
+            "invalid_policy",
+        ),
+        status=400,
+    )
 
 
 async def _usage(request: web.Request) -> web.Response:

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
-from gateway.admin import check_admin
+from gateway.admin import check_admin, no_policy_file, policy_rejected
 from gateway.errors import BadRequest, NotFound, Unavailable, error_body
 from gateway.observability.group_metrics import merge_exposition
 from policies.loader import PolicyError, load_policy
@@ -220,20 +220,11 @@ async def _group_purge(request: web.Request) -> web.Response:
 async def _group_reload(request: web.Request) -> web.Response:
     ctx, local = request.app[CONTEXT], request.app[LOCAL]
     if local.policy_path is None:
-        return web.json_response(
-            error_body("no policy file to reload", "invalid_request_error"), status=400
-        )
+        return no_policy_file()
     try:
         await asyncio.to_thread(load_policy, local.policy_path)
     except PolicyError as exc:
-        return web.json_response(
-            error_body(
-                "policy rejected; the running policy is unchanged:\n" + str(exc),
-                "invalid_request_error",
-                "invalid_policy",
-            ),
-            status=400,
-        )
+        return policy_rejected(exc)
     before, _ = await fan_out(ctx, "GET", "/admin/workers")
     wanted = {r.index: json.loads(r.body)["reloads"] + 1 for r in before if r.status == 200}
     os.kill(ctx.supervisor_pid, signal.SIGHUP)  # it forwards SIGHUP to every worker
