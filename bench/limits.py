@@ -9,12 +9,18 @@ in their limits:
 * ``redis``: ``shared_state.redis_url`` set; the tenant has requests_per_minute,
   tokens_per_minute, max_concurrent and a budget, all checked on every request (one Lua script
   before the request, its settlement after);
-* ``memory``: the same limits kept in the one instance's memory.
+* ``memory``: the same limits kept in the one instance's memory;
+* ``redis-each``: as ``redis`` with ``grant_requests: 0``: every request asks Redis (the
+  limiter before grants, side by side with it).
 
 1. Burst: for each store and instance count, a tenant with ``requests_per_minute: L`` sends 3L
    concurrent requests spread round-robin over the instances; reported: the admitted count
    against L, the burst's duration and GCRA's bound for that duration (L + floor(duration x
    L / 60 s): a burst that lasts longer than one unit's refill may admit that refill too).
+   Then with grants at work: a tenant with ``requests_per_minute: WIDE`` (far enough from
+   its limit for grants of 16) asked steadily by 8 clients per instance, 3 instances, until
+   2 x WIDE requests were sent: admitted against the same bound, and how many came from
+   grants (``llm_gateway_limits_granted_total``).
 2. Latency: concurrency 1, non-streamed, the configurations interleaved in blocks (rotating
    order); the added p50 / p99 is a configuration's minus ``off``'s, for the same instance
    count, from the same run. Goal: added p50 <= 0.3 ms with Redis on loopback.
@@ -45,6 +51,8 @@ from bench._overhead_measure import concurrency_one, percentile
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "bench-model"
 LIMIT = 60  # requests per minute of the burst tenants: one comes back each second
+WIDE = 2_048  # requests per minute of the steady tenant: room for grants of 16 (64 x 16 < 2048)
+KEY_WIDE = "sk-bench-limits-wide"
 KEY_LOAD = "sk-bench-limits-load"
 PRICE = "{input_per_mtok: 0.15, output_per_mtok: 0.6, cached_input_per_mtok: 0.075}"
 
@@ -71,7 +79,13 @@ def policy(upstream_port: int, store: str, redis_url: str) -> str:
         key = _burst_key(store, n)
         rule = f", limits: {{requests_per_minute: {LIMIT}}}" if limited else ""
         tenants.append(f"  burst{n}: {{api_key_sha256: [{_digest(key)}]{rule}}}")
-    shared = f"shared_state: {{redis_url: '{redis_url}'}}\n" if store == "redis" else ""
+    if limited:
+        wide = f"limits: {{requests_per_minute: {WIDE}}}"
+        tenants.append(f"  wide: {{api_key_sha256: [{_digest(KEY_WIDE)}], {wide}}}")
+    shared = ""
+    if store.startswith("redis"):
+        grants = ", grant_requests: 0" if store == "redis-each" else ""
+        shared = f"shared_state: {{redis_url: '{redis_url}'{grants}}}\n"
     return (
         "backends:\n"
         f"  up: {{kind: vllm, replicas: ['http://127.0.0.1:{upstream_port}/v1'],"
@@ -138,7 +152,7 @@ async def start(tmp: Path, servers: list[_procs.Server], pin: bool) -> Setup:
     await _procs.wait_ready(upstream, _get("/health"), 30.0)
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     gateways: dict[str, list[_procs.Server]] = {}
-    for store, count in (("off", 3), ("redis", 3), ("memory", 1)):
+    for store, count in (("off", 3), ("redis", 3), ("memory", 1), ("redis-each", 1)):
         file = tmp / f"{store}.yaml"
         file.write_text(policy(up_port, store, redis_url))
         for i in range(count):
@@ -171,6 +185,46 @@ async def burst(ports: list[int], key: str) -> dict[str, Any]:
     }
 
 
+async def steady(ports: list[int], clients: int = 8) -> dict[str, Any]:
+    """``clients`` per instance send one request after another, 2 x WIDE in all."""
+    targets = [target(port, KEY_WIDE) for port in ports for _ in range(clients)]  # one each
+    started = time.perf_counter()
+    sent = admitted = 0
+
+    async def client(t: Target) -> None:
+        nonlocal sent, admitted
+        while sent < 2 * WIDE:
+            sent += 1
+            ok = (await t.one(started)).ok  # awaited first: ``+=`` would read the old count
+            admitted += ok
+
+    await asyncio.gather(*(client(t) for t in targets))
+    duration = time.perf_counter() - started
+    for t in targets:
+        t.close()
+    granted = 0
+    for port in ports:
+        for line in (await _fetch(port, "/metrics")).splitlines():
+            if line.startswith(b"llm_gateway_limits_granted_total"):
+                granted += int(float(line.split()[-1]))
+    return {
+        "admitted": admitted,
+        "limit": WIDE,
+        "requests": sent,
+        "burst_s": duration,
+        "bound": WIDE + int(duration * WIDE / 60),
+        "granted": granted,
+    }
+
+
+async def _fetch(port: int, path: str) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_get(path))
+    data = await reader.read()
+    writer.close()
+    return data.partition(b"\r\n\r\n")[2]
+
+
 class RoundRobin:
     """Concurrency-1 requests spread over several instances in turn; their CPU time too."""
 
@@ -200,7 +254,14 @@ class RoundRobin:
 async def latency(setup: Setup, rounds: int, block: int, warm: int) -> dict[str, Any]:
     configs = {
         (store, n): RoundRobin(setup.gateways[store][:n])
-        for store, n in (("off", 1), ("redis", 1), ("memory", 1), ("off", 3), ("redis", 3))
+        for store, n in (
+            ("off", 1),
+            ("redis", 1),
+            ("redis-each", 1),
+            ("memory", 1),
+            ("off", 3),
+            ("redis", 3),
+        )
     }
     for rr in configs.values():
         await rr.block(warm)
@@ -230,24 +291,34 @@ def report(bursts: dict[str, Any], lat: dict[str, Any]) -> str:
         f"{'GCRA bound':>10}",
     ]
     for name, b in bursts.items():
+        if name == "steady":
+            continue
         store, n = name.split("/")
         lines.append(
             f"{n:>9}  {store:<6}  {b['admitted']:>8}  {b['limit']:>5}  {b['burst_s']:>7.2f}  "
             f"{b['bound']:>10}"
         )
+    w = bursts.get("steady")
+    if w is not None:
+        lines += [
+            "",
+            f"steady: requests_per_minute = {WIDE}, 8 clients per instance, 3 instances, "
+            f"{w['requests']} requests: admitted {w['admitted']} in {w['burst_s']:.2f} s "
+            f"(GCRA bound {w['bound']}), {w['granted']} of them from grants",
+        ]
     lines += [
         "",
         "latency per request, concurrency 1, non-streamed (ms; added = limits on minus off, "
         "same run, same instance count); gateway CPU per request (us, all instances)",
-        f"{'instances':>9}  {'store':<6}  {'off p50':>7}  {'on p50':>7}  {'added p50':>9}  "
+        f"{'instances':>9}  {'store':<10}  {'off p50':>7}  {'on p50':>7}  {'added p50':>9}  "
         f"{'off p99':>7}  {'on p99':>7}  {'added p99':>9}  {'CPU us off':>10}  {'on':>6}  "
         f"{'errors':>6}",
     ]
-    for name in ("memory/1", "redis/1", "redis/3"):
+    for name in ("memory/1", "redis-each/1", "redis/1", "redis/3"):
         store, n = name.split("/")
         on, off = lat[name], lat[f"off/{n}"]
         lines.append(
-            f"{n:>9}  {store:<6}  {off['p50_ms']:>7.3f}  {on['p50_ms']:>7.3f}  "
+            f"{n:>9}  {store:<10}  {off['p50_ms']:>7.3f}  {on['p50_ms']:>7.3f}  "
             f"{on['p50_ms'] - off['p50_ms']:>+9.3f}  {off['p99_ms']:>7.3f}  {on['p99_ms']:>7.3f}  "
             f"{on['p99_ms'] - off['p99_ms']:>+9.3f}  {off['cpu_us']:>10.0f}  {on['cpu_us']:>6.0f}  "
             f"{on['errors'] + off['errors']:>6}"
@@ -268,6 +339,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             for store, n in (("memory", 1), ("redis", 1), ("redis", 3)):
                 ports = [g.port for g in setup.gateways[store][:n]]
                 bursts[f"{store}/{n}"] = await burst(ports, _burst_key(store, n))
+            bursts["steady"] = await steady([g.port for g in setup.gateways["redis"]])
             _say("latency rounds")
             lat = await latency(setup, args.rounds, args.block, args.warm)
         finally:

@@ -291,10 +291,12 @@ async def _limiter(policy: Policy, previous: Runtime | None, clock: Clock | None
     if previous is not None and previous.policy.shared_state == config:
         return previous.limiter
     store: LimitStore
+    grant_requests = 0  # in memory, every check is as cheap as a grant
     if config.redis_url:
         from gateway.limits.redis_store import RedisLimitStore
 
         store = RedisLimitStore(config.redis_url, timeout_s=config.timeout_ms / 1000)
+        grant_requests = config.grant_requests
     else:
         store = MemoryStore()
     limiter = Limiter(
@@ -302,6 +304,8 @@ async def _limiter(policy: Policy, previous: Runtime | None, clock: Clock | None
         fail_open=config.limits_failure_mode == "open",
         clock=clock,
         lease_ttl_s=config.lease_ttl_s,
+        grant_requests=grant_requests,
+        grant_ttl_s=config.grant_ttl_ms / 1000,
     )
     await limiter.start()
     return limiter

@@ -33,6 +33,8 @@ shared_state:
   timeout_ms: 500                 # a limit check slower than this counts as Redis unavailable
   limits_failure_mode: open       # Redis unavailable: open (admit unlimited) | closed (503)
   lease_ttl_s: 30                 # a crashed instance's max_concurrent slots come back after this
+  grant_requests: 16              # far from every limit, a check takes this many more (0: off)
+  grant_ttl_ms: 250               # ... admitted from memory within this, the rest given back
 responses_store:                  # stored Responses API responses (previous_response_id)
   ttl_s: 2592000                  # 30 days
   max_entries: 10000              # per tenant, the oldest go first
@@ -161,5 +163,11 @@ class SharedStateConfig(Strict):
     timeout_ms: float = Field(500.0, gt=0, le=60_000)
     limits_failure_mode: Literal["open", "closed"] = "open"
     lease_ttl_s: float = Field(30.0, ge=1, le=3600)
+    # With Redis: a check made far from every limit also takes this many more requests' worth
+    # for this instance's next requests of the tenant, admitted in memory until used or
+    # grant_ttl_ms has passed, then given back (gateway.limits.grants); 0: every limited
+    # request asks Redis.
+    grant_requests: int = Field(16, ge=0, le=256)
+    grant_ttl_ms: float = Field(250.0, gt=0, le=10_000)
 
     _url = field_validator("redis_url")(classmethod(lambda cls, v: redis_url(v)))

@@ -7,6 +7,10 @@ and ``LimitExceeded`` says which and when to retry. Tokens are reserved from an 
 (or gives them all back when the request failed), releases the concurrency lease and adds the
 usage and cost to the tenant's day, week and month records, firing budget alerts.
 
+With ``grant_requests`` (the Redis store: ``shared_state.grant_requests``), a check made while
+every limit is far from reached also takes a grant for the instance's next few requests of
+that subject, admitted in memory (``gateway.limits.grants``: why that stays exact).
+
 Concurrency leases expire after ``lease_ttl_s`` unless renewed: this instance renews the
 leases it holds every third of that, so a crashed instance's slots come back within the TTL.
 
@@ -24,11 +28,12 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from gateway.limits import gcra
+from gateway.limits import gcra, grants
+from gateway.limits.grants import Grant
 from gateway.limits.headers import RateView, rate_headers, retry_headers
 from gateway.limits.ledger import Ledger
 from gateway.limits.rules import Keys, RateLimits, Subject
@@ -41,6 +46,7 @@ from gateway.limits.store import (
     LimitStore,
     SlotTake,
     StoreUnavailable,
+    lease_ids,
 )
 from gateway.limits.usage import BudgetAlert, UsageRecord
 from gateway.limits.windows import Window, window_of
@@ -88,8 +94,17 @@ class Limiter:
         clock: Callable[[], float] | None = None,  # Unix seconds; None: the store's clock
         lease_ttl_s: float = 30.0,
         on_alert: Callable[[BudgetAlert], None] | None = None,
+        grant_requests: int = 0,  # 0: every request asks the store
+        grant_ttl_s: float = 0.25,
     ) -> None:
         self.store = store
+        self.grant_requests = grant_requests
+        # A grant's unused leases are not renewed: it ends well before they could expire.
+        self.grant_ttl_s = min(grant_ttl_s, lease_ttl_s / 3)
+        self._grants: dict[Subject, Grant] = {}
+        self._grant_next: dict[Subject, int] = {}  # the grant the next check may take
+        self._granting: set[Subject] = set()  # a check taking a grant is in flight
+        self.granted = 0  # requests admitted from a grant
         self.fail_open = fail_open
         self.keys = keys or Keys()
         self._clock = clock
@@ -123,7 +138,10 @@ class Limiter:
         await self.store.aclose()
 
     async def drain(self) -> None:
-        """Wait for the settlements in flight and write the deferred records (tests, shutdown)."""
+        """Give the grants back, wait for the settlements in flight and write the deferred
+        records (tests, shutdown)."""
+        for subject, grant in list(self._grants.items()):
+            self._give_back(subject, grant)
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self._flusher is not None:
@@ -146,38 +164,148 @@ class Limiter:
         """Take every limit of ``subject`` for one request reserving ``tokens``, or raise."""
         if not subject.limited and subject.budget is None:
             return Admission(subject)
-        buckets, slots, kinds = self._takes(subject, tokens)
-        gate = None
         budget = subject.budget
+        gate = None
         if budget is not None:
             window = window_of(budget.window, self.now_s())
             key = self.keys.record(subject.tenant, window)
             gate = BudgetGate(key, budget.cap, refuse=budget.on_exhausted == "reject")
+        grant = self._grants.get(subject)
+        if grant is not None and grant.fits(tokens, gate.key if gate else None, time.monotonic()):
+            return self._from_grant(subject, grant, tokens)
+        more = self._grant_next.get(subject, 0)
+        if more and subject not in self._granting:  # one grant on its way at a time
+            self._granting.add(subject)
+            try:
+                return await self._check(subject, tokens, gate, more)
+            except LimitExceeded as exc:
+                if exc.reason == "unavailable":
+                    raise
+                # Refused with its grant: the request alone may still fit.
+                self._grant_next[subject] = 0
+            finally:
+                self._granting.discard(subject)
+        return await self._check(subject, tokens, gate, 0)
+
+    async def _check(
+        self, subject: Subject, tokens: int, gate: BudgetGate | None, more: int
+    ) -> Admission:
+        """One store call: this request's limits, and ``more`` requests' for a grant."""
+        buckets, slots, kinds = self._takes(subject, tokens)
         lease_id = f"{self._lease_prefix}-{next(self._ids)}" if slots else ""
+        asked_b, asked_s = buckets, slots
+        if more:
+            asked_b = [BucketTake(b.key, b.rate, b.amount * (1 + more)) for b in buckets]
+            asked_s = [SlotTake(s.key, s.limit, 1 + more) for s in slots]
         req = AcquireRequest(
-            tuple(buckets), tuple(slots), gate, lease_id, self.lease_ttl_ms, self._now_ms()
+            tuple(asked_b), tuple(asked_s), gate, lease_id, self.lease_ttl_ms, self._now_ms()
         )
         try:
             result = await self.store.acquire(req)
         except StoreUnavailable:
             return self._unavailable(subject)
         self._recovered()
-        requests = _view(req, result, kinds, "requests")
-        tokens_view = _view(req, result, kinds, "tokens")
         if not result.admitted:
+            requests = _view(req, result, kinds, "requests")
+            tokens_view = _view(req, result, kinds, "tokens")
             raise self._refusal(subject, req, result, kinds, requests, tokens_view)
+        budget = subject.budget
+        if self.grant_requests:
+            if len(self._grant_next) > 4096:  # subjects of policies reloaded away
+                self._grant_next.clear()
+            # Sized on what this check found, its own grant taken: 0 when any limit (or the
+            # budget) is now too close for one, and then a grant just taken goes back at once.
+            self._grant_next[subject] = grants.size(
+                self.grant_requests,
+                req,
+                result,
+                tuple(k for k, _ in kinds),
+                tokens,
+                budget.cap if budget is not None else None,
+            )
+        own = lease_id
+        views = (_view(req, result, kinds, "requests"), _view(req, result, kinds, "tokens"))
+        if more:
+            leases = lease_ids(lease_id, 1 + more)
+            own = leases[0]
+            grant = Grant(
+                buckets=tuple(buckets),
+                kinds=tuple(k for k, _ in kinds),
+                left=[b.amount * more for b in buckets],
+                tokens=tokens,
+                leases=leases[1:],
+                slots=tuple(s.key for s in slots),
+                requests=more,
+                budget_key=gate.key if gate is not None else None,
+                spend=result.spend,
+                views=views,
+                expires=time.monotonic() + self.grant_ttl_s,
+            )
+            self._take_grant(subject, grant)
+            views = (grant.view("requests"), grant.view("tokens"))
+            if not self._grant_next[subject]:
+                self._give_back(subject, grant)
         if slots:
-            self._leases[lease_id] = tuple(s.key for s in slots)
+            self._leases[own] = tuple(s.key for s in slots)
         return Admission(
             subject,
-            requests,
-            tokens_view,
+            views[0],
+            views[1],
             reserved=tuple(b for b, k in zip(buckets, kinds, strict=True) if k[0] == "tokens"),
             slots=tuple(s.key for s in slots),
-            lease_id=lease_id,
+            lease_id=own,
             spend=result.spend,
             downgrade=budget is not None and result.spend >= budget.cap,
         )
+
+    # ---- grants (gateway.limits.grants) -----------------------------------------------------
+
+    def _take_grant(self, subject: Subject, grant: Grant) -> None:
+        old = self._grants.get(subject)
+        if old is not None:
+            self._give_back(subject, old)
+        self._grants[subject] = grant
+        loop = asyncio.get_running_loop()
+        grant.timer = loop.call_later(self.grant_ttl_s, self._give_back, subject, grant)
+
+    def _from_grant(self, subject: Subject, grant: Grant, tokens: int) -> Admission:
+        reserved, lease = grant.draw(tokens)
+        self.granted += 1
+        if lease:
+            self._leases[lease] = grant.slots
+        admission = Admission(
+            subject,
+            grant.view("requests"),
+            grant.view("tokens"),
+            reserved=reserved,
+            slots=grant.slots if lease else (),
+            lease_id=lease,
+            spend=grant.spend,
+        )
+        if grant.requests == 0:
+            self._give_back(subject, grant)  # its unused tokens
+        return admission
+
+    def _give_back(self, subject: Subject, grant: Grant) -> None:
+        """Return what ``grant`` still holds: its requests and tokens to the buckets, its
+        unused leases released (one settlement, in the background)."""
+        if grant.returned:
+            return
+        grant.returned = True
+        if grant.timer is not None:
+            grant.timer.cancel()
+        if self._grants.get(subject) is grant:
+            del self._grants[subject]
+        adjusts = tuple(
+            BucketAdjust(b.key, b.rate, -left)
+            for b, left in zip(grant.buckets, grant.left, strict=True)
+            if left > 0
+        )
+        unused = " ".join(grant.leases)
+        if not adjusts and not unused:
+            return
+        release = grant.slots if unused else ()
+        self._background(self.ledger.settle(subject, adjusts, release, unused, None))
 
     def _takes(
         self, subject: Subject, tokens: int
@@ -289,7 +417,10 @@ class Limiter:
             return
         if admission.lease_id:
             self._leases.pop(admission.lease_id, None)
-        task = asyncio.get_running_loop().create_task(self.settle(admission, record))
+        self._background(self.settle(admission, record))
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -45,7 +45,8 @@ end
 
 # KEYS: buckets (nb), slot sets (ns), then the budget's usage record (when ARGV[6] ~= '').
 # ARGV: now|'', nb, ns, lease id, lease ttl ms, cap micro|'', cap pUSD rest, refuse 0|1,
-#       then per bucket: limit, period ms, amount; then per slot: limit.
+#       then per bucket: limit, period ms, amount; then per slot: limit, count (leases taken:
+#       1 is the lease id itself, more are ``<lease id>#0`` ... ``#count-1``, a grant).
 # Returns: admitted, now, blocker (0, 1 bucket, 2 slot, 3 budget), index (1-based),
 #          wait ms (-1: never), spend micro, spend pUSD rest, debts..., held...
 ACQUIRE = (
@@ -84,12 +85,14 @@ for i = 1, nb do
     end
   end
 end
+local counts = {}
 for j = 1, ns do
-  local key, limit = KEYS[nb + j], tonumber(ARGV[a])
-  a = a + 1
+  local key, limit, count = KEYS[nb + j], tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  a = a + 2
+  counts[j] = count
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   held[j] = redis.call('ZCARD', key)
-  if blocker == 0 and held[j] >= limit then blocker, index = 2, j end
+  if blocker == 0 and held[j] + count > limit then blocker, index = 2, j end
 end
 if blocker == 0 then
   a = 9
@@ -100,9 +103,18 @@ if blocker == 0 then
     store(KEYS[i], debts[i], stamps[i], limit)
   end
   for j = 1, ns do
-    redis.call('ZADD', KEYS[nb + j], now + ttl, lease)
+    if counts[j] == 1 then
+      redis.call('ZADD', KEYS[nb + j], now + ttl, lease)
+    else
+      local pairs = {}
+      for n = 0, counts[j] - 1 do
+        pairs[#pairs + 1] = now + ttl
+        pairs[#pairs + 1] = lease .. '#' .. n
+      end
+      redis.call('ZADD', KEYS[nb + j], unpack(pairs))
+    end
     redis.call('PEXPIRE', KEYS[nb + j], ttl + 1000)
-    held[j] = held[j] + 1
+    held[j] = held[j] + counts[j]
   end
 end
 local out = {blocker == 0 and 1 or 0, now, blocker, index, wait, su, sp}
@@ -114,10 +126,10 @@ return out
 
 # KEYS: adjusted buckets (na), slot sets to leave (nr), usage records, then the settlement's
 #       done key (when ARGV[5] ~= '').
-# ARGV: now|'', na, nr, lease id, settlement id|'', group count, then per bucket: limit,
-#       period ms, delta; then per group of records sharing their fields (a request's day,
-#       week and month): record count, each record's keep s, field count, then per field:
-#       name, value (money: micro), pUSD rest.
+# ARGV: now|'', na, nr, lease ids (space-separated), settlement id|'', group count, then
+#       per bucket: limit, period ms, delta; then per group of records sharing their fields
+#       (a request's day, week and month): record count, each record's keep s, field count,
+#       then per field: name, value (money: micro), pUSD rest.
 # Returns: per record, its spend: micro, pUSD rest; or -1 when this id has run already.
 SETTLE = (
     _COMMON
@@ -136,7 +148,13 @@ for i = 1, na do
   local d, t = drained(KEYS[i], now, limit)
   store(KEYS[i], math.max(0, d + delta * period), t, limit)
 end
-for j = 1, nr do redis.call('ZREM', KEYS[na + j], lease) end
+if nr > 0 then
+  local leases = {}
+  for id in string.gmatch(lease, '%S+') do leases[#leases + 1] = id end
+  if #leases > 0 then
+    for j = 1, nr do redis.call('ZREM', KEYS[na + j], unpack(leases)) end
+  end
+end
 local out = {}
 local k = na + nr
 for g = 1, groups do

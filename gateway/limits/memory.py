@@ -19,6 +19,7 @@ from gateway.limits.store import (
     AcquireResult,
     Blocker,
     SettleRequest,
+    lease_ids,
 )
 
 
@@ -60,7 +61,7 @@ class MemoryStore:
         for j, slot in enumerate(req.slots):
             leases = self._live_leases(slot.key, now)
             held.append(len(leases))
-            if blocked is None and len(leases) >= slot.limit:
+            if blocked is None and len(leases) + slot.count > slot.limit:
                 blocked, index = "slot", j
         if blocked is not None:
             return AcquireResult(False, now, tuple(debts), tuple(held), spend, blocked, index, wait)
@@ -69,8 +70,10 @@ class MemoryStore:
             gcra.take(bucket, take.rate, take.amount, now)
             debts[i] = bucket.debt
         for j, slot in enumerate(req.slots):
-            self._slots.setdefault(slot.key, {})[req.lease_id] = now + req.lease_ttl_ms
-            held[j] += 1
+            leases = self._slots.setdefault(slot.key, {})
+            for lease_id in lease_ids(req.lease_id, slot.count):
+                leases[lease_id] = now + req.lease_ttl_ms
+            held[j] += slot.count
         return AcquireResult(True, now, tuple(debts), tuple(held), spend)
 
     async def settle(self, req: SettleRequest) -> tuple[int, ...]:
@@ -78,10 +81,12 @@ class MemoryStore:
         for adj in req.adjusts:
             bucket = self._buckets.setdefault(adj.key, gcra.Bucket(0, now))
             gcra.adjust(bucket, adj.rate, adj.delta, now)
+        released = req.lease_id.split()
         for key in req.releases:
             leases = self._slots.get(key)
             if leases is not None:
-                leases.pop(req.lease_id, None)
+                for lease_id in released:
+                    leases.pop(lease_id, None)
         spends = []
         for add in req.usage:
             entry = self._usage.get(add.key)

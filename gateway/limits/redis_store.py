@@ -78,7 +78,8 @@ class RedisLimitStore:
             args += ["", 0, 0]
         for b in req.buckets:
             args += [b.rate.limit, b.rate.period_ms, b.amount]
-        args += [s.limit for s in req.slots]
+        for s in req.slots:
+            args += [s.limit, s.count]
         raw: list[int] = await self._call(_ACQUIRE, keys, args)
         nb = len(req.buckets)
         admitted, now, blocker, index, wait, spend_u, spend_p = raw[:7]

@@ -42,6 +42,13 @@ class BucketTake:
 class SlotTake:
     key: str
     limit: int  # leases held at once
+    count: int = 1  # leases this take adds: more than one is a grant (``lease_ids``)
+
+
+def lease_ids(lease_id: str, count: int) -> list[str]:
+    """The members a take of ``count`` slots adds: the lease id itself when one, else
+    ``<lease id>#0`` ... ``#count-1`` (the first is the asking request's, the rest a grant's)."""
+    return [lease_id] if count == 1 else [f"{lease_id}#{n}" for n in range(count)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +101,7 @@ class UsageAdd:
 class SettleRequest:
     adjusts: tuple[BucketAdjust, ...] = ()
     releases: tuple[str, ...] = ()  # slot keys holding lease_id
-    lease_id: str = ""
+    lease_id: str = ""  # one lease id, or several separated by spaces (a grant's unused ones)
     usage: tuple[UsageAdd, ...] = ()
     now_ms: int | None = None
     # Sent again after an answer was lost, a settlement with an id runs at most once: the

@@ -15,6 +15,7 @@ place a cost is rounded (``gateway.limits.cost``).
 | ``llm_gateway_budget_downgrades_total`` | tenant, surface |
 | ``llm_gateway_budget_alerts_total`` | tenant, window, fraction |
 | ``llm_gateway_limits_unavailable_total`` (decisions taken while the limit store was down) | direction |
+| ``llm_gateway_limits_granted_total`` (limited requests admitted from a grant, no store call) | - |
 | ``llm_gateway_upstream_rate_limited_total`` (429s from a backend) | backend |
 | ``llm_gateway_upstream_rate_limit_wait_seconds`` (waiting for a backend's limit to reset) | backend |
 """
@@ -128,5 +129,11 @@ class LimiterCollector(Collector):
             labels=["direction"],
         )
         down.add_metric(["open" if limiter.fail_open else "closed"], limiter.unavailable)
+        granted = CounterMetricFamily(
+            "llm_gateway_limits_granted",
+            "Limited requests admitted from a grant, without a round trip to the limit store",
+        )
+        granted.add_metric([], limiter.granted)
         yield alerts
         yield down
+        yield granted

@@ -70,6 +70,34 @@ async def test_three_instances_admit_exactly_the_limit(
     assert refused == 41
 
 
+async def test_grants_serve_most_requests_and_the_limit_stays_exact(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    redis_server: RedisServer,
+    clients: Clients,
+) -> None:
+    """A limit far enough away for grants of 16: three instances asked steadily until twice
+    the limit admit exactly the limit (one instant: no refill), most of it from grants."""
+    fake = await make_fake()
+    limit = 1_280  # room for grants of 16 (64 x 16 = 1,024 left when one is taken)
+    policy = limits_policy(fake.url, redis_server.url, {"limits": {"requests_per_minute": limit}})
+    gateways = await three(make_gateway, policy, Clock())
+    statuses: list[int] = []
+
+    async def steady(c: openai.AsyncOpenAI) -> None:
+        while len(statuses) < 2 * limit:
+            slot = len(statuses)
+            statuses.append(-1)  # counted before the await: the loops stop at 2 x limit
+            statuses[slot] = (await chat(c))[0]
+
+    await asyncio.gather(*(steady(clients(gw)) for gw in gateways for _ in range(4)))
+    assert statuses.count(200) == limit and statuses.count(429) == limit
+    assert len(fake.fake.requests) == limit
+    granted = await metric(gateways, "llm_gateway_limits_granted_total")
+    assert limit // 2 < granted < limit
+    await settled(*gateways)  # what the grants held unused is given back
+
+
 async def test_every_response_of_a_limited_tenant_carries_its_limits(
     make_fake: FakeFactory, make_gateway: GatewayFactory, clients: Clients
 ) -> None:

@@ -46,7 +46,8 @@ def random_ops(seed: int, count: int) -> list[tuple[str, object]]:
                 )
                 for n in names
             )
-            slots = (SlotTake("t:c", 2),) if rng.random() < 0.5 else ()
+            # Some takes are a grant's (several leases: L<i>#0, #1, ...).
+            slots = (SlotTake("t:c", 5, rng.choice([1, 1, 3])),) if rng.random() < 0.5 else ()
             gate = BudgetGate("t:u", cap=5_000_000, refuse=rng.random() < 0.5)
             ops.append(("acquire", AcquireRequest(buckets, slots, gate, f"L{i}", 5_000, now)))
         elif kind < 0.9:
@@ -57,8 +58,10 @@ def random_ops(seed: int, count: int) -> list[tuple[str, object]]:
                 UsageAdd("t:w", 10**7, shared),
                 UsageAdd("t:v", 10**7, ((SPEND, rng.randint(0, 10**15)),)),
             )
-            release = (f"L{rng.randrange(max(1, i))}",)
-            ops.append(("settle", (SettleRequest(adjusts, ("t:c",), release[0], usage, now))))
+            j = rng.randrange(max(1, i))
+            # One lease, or a grant's unused ones (space-separated).
+            release = rng.choice([f"L{j}", f"L{j}#0", f"L{j}#1 L{j}#2"])
+            ops.append(("settle", (SettleRequest(adjusts, ("t:c",), release, usage, now))))
         else:
             leases = tuple(("t:c", f"L{j}") for j in range(max(0, i - 5), i))
             ops.append(("renew", Renewal(leases, now)))
@@ -139,6 +142,25 @@ async def test_slots_are_leases_that_expire_unless_renewed(store: LimitStore, cl
     await store.settle(SettleRequest(releases=("t:c",), lease_id="a", now_ms=clock.ms))
     got = await store.acquire(AcquireRequest((), slot, None, "d", 1_000, clock.ms))
     assert got.admitted and got.held == (2,)
+
+
+async def test_a_grant_takes_several_leases_and_gives_back_the_unused(
+    store: LimitStore, clock: Clock
+) -> None:
+    slot = (SlotTake("t:c", 5, count=4),)
+    got = await store.acquire(AcquireRequest((), slot, None, "g", 1_000, clock.ms))
+    assert got.admitted and got.held == (4,)
+    too_many = await store.acquire(
+        AcquireRequest((), (SlotTake("t:c", 5, count=2),), None, "h", 1_000, clock.ms)
+    )
+    assert (too_many.admitted, too_many.blocked_by, too_many.held) == (False, "slot", (4,))
+    # The grant's unused leases go back in one settlement; g#0 (a request) still runs.
+    await store.settle(SettleRequest(releases=("t:c",), lease_id="g#1 g#2 g#3", now_ms=clock.ms))
+    got = await store.acquire(AcquireRequest((), slot, None, "i", 1_000, clock.ms))
+    assert got.admitted and got.held == (5,)  # g#0 and i#0..#3
+    await store.settle(SettleRequest(releases=("t:c",), lease_id="g#0", now_ms=clock.ms))
+    one = await store.acquire(AcquireRequest((), (SlotTake("t:c", 5),), None, "j", 1_000, clock.ms))
+    assert one.admitted and one.held == (5,)
 
 
 async def test_money_is_exact_and_carried(store: LimitStore, clock: Clock) -> None:

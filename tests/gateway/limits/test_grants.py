@@ -1,0 +1,172 @@
+"""Grants on a real Redis: requests admitted in memory from units taken ahead, never more than
+the limit across instances, everything unused given back (``gateway.limits.grants``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from decimal import Decimal
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.limits.cost import Usage
+from gateway.limits.grants import HEADROOM
+from gateway.limits.limiter import Admission, Limiter, LimitExceeded
+from gateway.limits.rules import BudgetRule, Keys, RateLimits, Subject
+from gateway.limits.usage import UsageRecord
+from tests.cache.conftest import RedisServer
+from tests.gateway.limits.conftest import Clock, redis_store
+
+pytestmark = pytest.mark.redis
+
+Factory = Callable[..., Limiter]
+WIDE = RateLimits(requests_per_minute=100_000, tokens_per_minute=10_000_000, max_concurrent=10_000)
+SCOPE = Keys().scope("team-a")
+
+
+@pytest.fixture
+async def limiters(redis_server: RedisServer, clock: Clock) -> AsyncIterator[Factory]:
+    """Limiters with grants of 16 on one Redis; all on ``clock`` (no refill unless moved)."""
+    made: list[Limiter] = []
+
+    def make(grant_ttl_s: float = 30.0) -> Limiter:
+        lim = Limiter(
+            redis_store(redis_server), clock=clock, grant_requests=16, grant_ttl_s=grant_ttl_s,
+            lease_ttl_s=120.0,
+        )  # fmt: skip
+        made.append(lim)
+        return lim
+
+    yield make
+    for lim in made:
+        await lim.aclose()
+
+
+@pytest.fixture
+async def peek(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
+
+
+async def debt_units(peek: aioredis.Redis, key: str) -> int:
+    """A bucket's debt in units (requests or tokens) taken per minute."""
+    raw = await peek.hget(key, "d")
+    return int(raw or 0) // 60_000
+
+
+async def test_a_grant_admits_the_next_requests_in_memory_and_gives_back_the_rest(
+    limiters: Factory, peek: aioredis.Redis
+) -> None:
+    lim = limiters()
+    subject = Subject("team-a", "chat", WIDE)
+    held: list[Admission] = [await lim.admit(subject, 100)]  # asks Redis; far from the limit
+    assert lim.granted == 0 and not lim._grants
+    held.append(await lim.admit(subject, 100))  # asks Redis, for itself and 16 more
+    assert await debt_units(peek, SCOPE + ":r") == 1 + 1 + 16
+    assert await peek.zcard(SCOPE + ":c") == 1 + 1 + 16
+    for _ in range(16):
+        held.append(await lim.admit(subject, 100))  # from the grant: Redis is not asked
+    assert lim.granted == 16
+    assert await debt_units(peek, SCOPE + ":r") == 18  # unchanged: taken ahead
+    # Each admission's headers: the check's remaining plus what the grant still held.
+    remaining = [a.requests.remaining for a in held[1:] if a.requests is not None]
+    assert remaining == [100_000 - 18 + 16 - i for i in range(17)]
+    assert len({a.lease_id for a in held}) == 18  # every request holds a lease of its own
+    held.append(await lim.admit(subject, 100))  # the grant is spent: another one
+    assert await debt_units(peek, SCOPE + ":r") == 19 + 16
+    assert await debt_units(peek, SCOPE + ":k") == (19 + 16) * 100
+    await lim.drain()  # gives the unused grant back
+    assert await debt_units(peek, SCOPE + ":r") == 19
+    assert await debt_units(peek, SCOPE + ":k") == 19 * 100
+    assert await peek.zcard(SCOPE + ":c") == 19  # the requests still in flight
+    for adm in held:  # each used 30 tokens of its 100
+        lim.finish(adm, UsageRecord("chat", "m", Usage(20, 0, 10), 1))
+    await lim.drain()
+    assert await debt_units(peek, SCOPE + ":k") == 19 * 30
+    assert await peek.zcard(SCOPE + ":c") == 0
+
+
+async def test_a_grant_is_given_back_when_its_time_is_up(
+    limiters: Factory, peek: aioredis.Redis
+) -> None:
+    lim = limiters(grant_ttl_s=0.05)
+    subject = Subject("team-a", "chat", WIDE)
+    first = await lim.admit(subject, 10)
+    second = await lim.admit(subject, 10)  # takes a grant of 16
+    assert await peek.zcard(SCOPE + ":c") == 18
+    await asyncio.sleep(0.15)
+    assert not lim._grants
+    assert await debt_units(peek, SCOPE + ":r") == 2
+    assert await debt_units(peek, SCOPE + ":k") == 20
+    assert await peek.zcard(SCOPE + ":c") == 2
+    third = await lim.admit(subject, 10)  # an expired grant admits nothing: Redis is asked
+    assert lim.granted == 0 and await debt_units(peek, SCOPE + ":r") == 3 + 16
+    for adm in (first, second, third):
+        lim.finish(adm, None)
+
+
+async def test_a_request_larger_than_the_grant_asks_redis(limiters: Factory) -> None:
+    lim = limiters()
+    subject = Subject("team-a", "chat", WIDE)
+    await lim.admit(subject, 100)
+    await lim.admit(subject, 100)  # a grant sized for 100-token requests: 1,600 tokens
+    await lim.admit(subject, 1_550)  # fits the grant's tokens
+    assert lim.granted == 1
+    await lim.admit(subject, 100)  # 50 tokens left in it: asks Redis (and takes a new grant)
+    assert lim.granted == 1
+
+
+async def test_near_a_limit_every_request_asks_redis(limiters: Factory) -> None:
+    """Grants need HEADROOM x the grant left: a tight limit is checked request by request,
+    and a burst across instances admits exactly the limit, as without grants."""
+    gateways = [limiters() for _ in range(3)]
+    limit = 2 * HEADROOM - 1  # room for a grant of one: none is taken
+    subject = Subject("team-a", "chat", RateLimits(requests_per_minute=limit))
+    for i in range(30):
+        await gateways[i % 3].admit(subject, 1)
+    assert sum(g.granted for g in gateways) == 0
+
+    async def one(i: int) -> bool:
+        try:
+            await gateways[i % 3].admit(subject, 1)
+        except LimitExceeded:
+            return False
+        return True
+
+    assert sum(await asyncio.gather(*(one(i) for i in range(3 * limit)))) == limit - 30
+
+
+async def test_instances_with_grants_admit_exactly_the_limit(limiters: Factory) -> None:
+    """Three instances, each asking steadily until well past the limit: together they admit
+    exactly the limit (the clock stands still: nothing refills), most of it from grants."""
+    gateways = [limiters() for _ in range(3)]
+    limit = 3_000
+    subject = Subject("team-a", "chat", RateLimits(requests_per_minute=limit, max_concurrent=10**6))
+    admitted = [0, 0, 0]
+
+    async def steady(n: int) -> None:
+        for _ in range(1_500):
+            try:
+                await gateways[n].admit(subject, 1)
+            except LimitExceeded:
+                continue
+            admitted[n] += 1
+
+    await asyncio.gather(*(steady(n) for n in range(3)))
+    assert sum(admitted) == limit
+    assert all(a > 0 for a in admitted)
+    assert sum(g.granted for g in gateways) > limit // 2
+
+
+async def test_no_grant_once_the_budget_is_mostly_spent(limiters: Factory) -> None:
+    lim = limiters()
+    budget = BudgetRule(Decimal("1"))
+    subject = Subject("team-a", "chat", WIDE, None, budget)
+    spent = await lim.admit(subject, 10)
+    lim.finish(spent, UsageRecord("chat", "m", Usage(10, 0, 10), budget.cap * 85 // 100))
+    await lim.drain()
+    for _ in range(20):
+        await lim.admit(subject, 10)  # 85% spent: each request reads the spend afresh
+    assert lim.granted == 0
