@@ -23,8 +23,10 @@ Why the limits stay exact:
   ``ttl_s`` old), and no grant is taken once the spend reaches ``BUDGET_SHARE`` of the cap;
   from there every request reads the spend afresh.
 
-The ``x-ratelimit-remaining-*`` headers of a request admitted from a grant are those of the
-grant's check plus what the grant still holds.
+The ``x-ratelimit-*`` headers of a request admitted from a grant are computed from the grant's
+check: its debt without what the grant still holds, drained for the time since. For one
+instance that is what a check per request would have reported; with several, each instance
+sees the others' use as of its last check.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ class Grant:
     requests: int  # requests left
     budget_key: str | None  # the budget window's record the spend was read from
     spend: int  # pUSD, as Redis reported it when the grant was taken
-    views: tuple[RateView | None, RateView | None]  # requests, tokens: as found by the check
+    debts: tuple[int, ...]  # per bucket, as the check left them (the grant's units included)
+    found_at: float  # the limiter's clock (Unix seconds) at the check
     expires: float  # time.monotonic()
     returned: bool = False
     timer: asyncio.TimerHandle | None = None  # gives it back at ``expires``
@@ -84,16 +87,24 @@ class Grant:
         lease = self.leases.pop() if self.leases else ""
         return tuple(reserved), lease
 
-    def view(self, kind: Kind) -> RateView | None:
-        """What the tenant may still take, as this instance knows it: the check's remaining
-        plus what the grant holds."""
-        found = self.views[0 if kind == "requests" else 1]
-        if found is None:
-            return None
-        held = min(
-            (left for k, left in zip(self.kinds, self.left, strict=True) if k == kind), default=0
-        )
-        return RateView(found.limit, found.remaining + held, found.reset_ms)
+    def view(self, kind: Kind, now: float) -> RateView | None:
+        """The ``x-ratelimit-*`` view of ``kind`` as this instance knows it: the check's
+        debt without what the grant still holds, drained for the time since (the tighter of
+        the tenant's and the surface's bucket, as ``Limiter`` reports them). For one instance
+        this is what a check per request would have reported."""
+        elapsed_ms = max(0, int((now - self.found_at) * 1000))
+        best: RateView | None = None
+        for take, k, debt, left in zip(
+            self.buckets, self.kinds, self.debts, self.left, strict=True
+        ):
+            if k != kind:
+                continue
+            rate = take.rate
+            used = max(0, debt - left * rate.period_ms - elapsed_ms * rate.limit)
+            view = RateView(rate.limit, gcra.remaining(used, rate), gcra.reset_ms(used, rate))
+            if best is None or (view.remaining, view.limit) < (best.remaining, best.limit):
+                best = view
+        return best
 
 
 def size(

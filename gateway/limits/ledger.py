@@ -55,6 +55,20 @@ class _Entry:
     window: Window
 
 
+@dataclass(slots=True)
+class _Pending:
+    """Usage waiting to be written: one tenant's record of one window, merged in place."""
+
+    key: str
+    subject: Subject
+    window: Window
+    fields: dict[str, int]
+
+    def entry(self, now_s: float) -> _Entry:
+        add = UsageAdd(self.key, self.window.keep_s(now_s), tuple(self.fields.items()))
+        return _Entry(add, self.subject, self.window)
+
+
 class Ledger:
     def __init__(
         self,
@@ -72,7 +86,9 @@ class Ledger:
         self._id_prefix = id_prefix
         self._ids = itertools.count()
         self.on_alert = on_alert
-        self._pending: dict[str, dict[str, _Entry]] = {}  # tenant -> record key -> entry
+        self._pending: dict[str, dict[str, _Pending]] = {}  # tenant -> record key -> usage
+        # tenant -> (UTC day, its day, week and month records): asked on every request
+        self._windows: dict[str, tuple[int, tuple[tuple[Window, str], ...]]] = {}
         self._pending_count = 0
         self._uncertain: list[tuple[SettleRequest, list[_Entry]]] = []
         self._flushing = False
@@ -102,12 +118,9 @@ class Ledger:
         entries: list[_Entry] = []
         if record is not None:
             now = self._now_s()
-            for kind in WINDOW_KINDS:
-                window = window_of(kind, now)
-                key = self.keys.record(subject.tenant, window)
-                entries.append(
-                    _Entry(UsageAdd(key, window.keep_s(now), record.fields()), subject, window)
-                )
+            fields = record.fields()
+            for window, key in self._records(subject.tenant, now):
+                entries.append(_Entry(UsageAdd(key, window.keep_s(now), fields), subject, window))
         if adjusts or slots or entries:
             req = self._request(subject.tenant, adjusts, slots, lease_id, entries)
             if not await self._send(req, entries):
@@ -117,12 +130,23 @@ class Ledger:
 
     def defer(self, subject: Subject, record: UsageRecord) -> None:
         """Merge a request's usage into its tenant's pending records (written by ``flush``)."""
-        now = self._now_s()
         fields = record.fields()
-        for kind in WINDOW_KINDS:
-            window = window_of(kind, now)
-            key = self.keys.record(subject.tenant, window)
-            self._keep(_Entry(UsageAdd(key, window.keep_s(now), fields), subject, window))
+        for window, key in self._records(subject.tenant, self._now_s()):
+            self._merge(subject, window, key, fields)
+
+    def _records(self, tenant: str, now_s: float) -> tuple[tuple[Window, str], ...]:
+        """The tenant's day, week and month records at ``now_s``, with their keys."""
+        day = int(now_s // 86_400)
+        known = self._windows.get(tenant)
+        if known is None or known[0] != day:
+            if len(self._windows) > 4096:  # tenants of policies reloaded away
+                self._windows.clear()
+            windows = [window_of(kind, now_s) for kind in WINDOW_KINDS]
+            known = self._windows[tenant] = (
+                day,
+                tuple((w, self.keys.record(tenant, w)) for w in windows),
+            )
+        return known[1]
 
     async def flush(self) -> None:
         """Write what earlier settlements could not; stop at the first failure."""
@@ -144,7 +168,8 @@ class Ledger:
             self._uncertain.pop(0)
             self._answered(entries, spends)
         for tenant in list(self._pending):
-            entries = list(self._pending.pop(tenant).values())
+            now = self._now_s()
+            entries = [p.entry(now) for p in self._pending.pop(tenant).values()]
             self._pending_count -= len(entries)
             if not await self._send(self._request(tenant, (), (), "", entries), entries):
                 return
@@ -190,19 +215,25 @@ class Ledger:
             self._alerts(entry, after)
 
     def _keep(self, entry: _Entry) -> None:
-        records = self._pending.setdefault(entry.subject.tenant, {})
-        old = records.get(entry.add.key)
-        if old is None:
+        self._merge(entry.subject, entry.window, entry.add.key, entry.add.fields)
+
+    def _merge(
+        self, subject: Subject, window: Window, key: str, fields: tuple[tuple[str, int], ...]
+    ) -> None:
+        records = self._pending.get(subject.tenant)
+        if records is None:
+            records = self._pending[subject.tenant] = {}
+        pending = records.get(key)
+        if pending is None:
             if self._pending_count >= MAX_PENDING_RECORDS:
                 self.lost_records += 1
                 return
-            records[entry.add.key] = entry
+            records[key] = _Pending(key, subject, window, dict(fields))
             self._pending_count += 1
             return
-        merged = dict(old.add.fields)
-        for name, value in entry.add.fields:
+        merged = pending.fields
+        for name, value in fields:
             merged[name] = merged.get(name, 0) + value
-        old.add = UsageAdd(entry.add.key, entry.add.keep_s, tuple(merged.items()))
 
     def _alerts(self, entry: _Entry, after: int) -> None:
         budget = entry.subject.budget

@@ -226,6 +226,8 @@ class Limiter:
         own = lease_id
         views = (_view(req, result, kinds, "requests"), _view(req, result, kinds, "tokens"))
         if more:
+            now = time.monotonic()
+            seen = self.now_s()
             leases = lease_ids(lease_id, 1 + more)
             own = leases[0]
             grant = Grant(
@@ -238,11 +240,12 @@ class Limiter:
                 requests=more,
                 budget_key=gate.key if gate is not None else None,
                 spend=result.spend,
-                views=views,
-                expires=time.monotonic() + self.grant_ttl_s,
+                debts=result.debts,
+                found_at=seen,
+                expires=now + self.grant_ttl_s,
             )
             self._take_grant(subject, grant)
-            views = (grant.view("requests"), grant.view("tokens"))
+            views = (grant.view("requests", seen), grant.view("tokens", seen))
             if not self._grant_next[subject]:
                 self._give_back(subject, grant)
         if slots:
@@ -273,10 +276,11 @@ class Limiter:
         self.granted += 1
         if lease:
             self._leases[lease] = grant.slots
+        seen = self.now_s()
         admission = Admission(
             subject,
-            grant.view("requests"),
-            grant.view("tokens"),
+            grant.view("requests", seen),
+            grant.view("tokens", seen),
             reserved=reserved,
             slots=grant.slots if lease else (),
             lease_id=lease,

@@ -9,6 +9,7 @@ exactly one addition crosses each threshold in a window, whichever instance made
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -33,16 +34,22 @@ class UsageRecord:
 
     def fields(self) -> tuple[tuple[str, int], ...]:
         """What to add (zeros left out: every field costs the settlement three arguments)."""
-        s, u = self.surface, self.usage
+        u = self.usage
+        n, hits, tokens_in, cached, out, cost = _field_names(self.surface)
         fields = (
             (SPEND, self.cost),
-            (surface_field(s, "hits"), 1 if self.cache_hit else 0),
-            (surface_field(s, "in"), u.input),
-            (surface_field(s, "cached"), u.cached_input),
-            (surface_field(s, "out"), u.output),
-            (surface_field(s, "cost$"), self.cost),
+            (hits, 1 if self.cache_hit else 0),
+            (tokens_in, u.input),
+            (cached, u.cached_input),
+            (out, u.output),
+            (cost, self.cost),
         )
-        return ((surface_field(s, "n"), 1), *((k, v) for k, v in fields if v))
+        return ((n, 1), *((k, v) for k, v in fields if v))
+
+
+@functools.lru_cache(maxsize=1024)  # surfaces come from the policy: few, named per request
+def _field_names(surface: str) -> tuple[str, ...]:
+    return tuple(surface_field(surface, what) for what in (*_COUNTS, "cost$"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,15 +70,23 @@ async def read_body(
     length = request.content_length
     if length is not None and length > max_bytes:
         raise _too_large(max_bytes, f"({length} bytes)")
-    try:
-        async with asyncio.timeout(timeout_s):
-            with reading_body(request):
-                raw = await _read_wire(request, max_bytes)
-    except TimeoutError:  # answered, then closed (aiohttp lingers at most 2 s: connections.py)
-        raise RequestTimeout(
-            "the request body did not arrive within server.body_timeout_s",
-            code="request_timeout",
-        ) from None
+    content = request.content
+    if content.is_eof() and not content.exception():
+        # The common case: the whole body came with the headers. Nothing to wait for, so no
+        # timer and no mark on the connection.
+        raw = content.read_nowait()
+        if len(raw) > max_bytes:
+            raise _too_large(max_bytes, "on the wire")
+    else:
+        try:
+            async with asyncio.timeout(timeout_s):
+                with reading_body(request):
+                    raw = await _read_wire(request, max_bytes)
+        except TimeoutError:  # answered, then closed (aiohttp lingers at most 2 s)
+            raise RequestTimeout(
+                "the request body did not arrive within server.body_timeout_s",
+                code="request_timeout",
+            ) from None
     if encoding in ("", "identity"):
         return raw
     budget = min(max_bytes, max(INFLATE_FLOOR, int(len(raw) * max_ratio)))

@@ -4,6 +4,7 @@ the limit across instances, everything unused given back (``gateway.limits.grant
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
 
@@ -70,9 +71,11 @@ async def test_a_grant_admits_the_next_requests_in_memory_and_gives_back_the_res
         held.append(await lim.admit(subject, 100))  # from the grant: Redis is not asked
     assert lim.granted == 16
     assert await debt_units(peek, SCOPE + ":r") == 18  # unchanged: taken ahead
-    # Each admission's headers: the check's remaining plus what the grant still held.
-    remaining = [a.requests.remaining for a in held[1:] if a.requests is not None]
-    assert remaining == [100_000 - 18 + 16 - i for i in range(17)]
+    # Each admission's headers are what a check per request would have said (no refill: the
+    # clock stands still); the reset counts the requests used, not the grant's units.
+    views = [a.requests for a in held]
+    assert [v.remaining for v in views if v] == [100_000 - 1 - i for i in range(18)]
+    assert [v.reset_ms for v in views if v] == [math.ceil((i + 1) * 0.6) for i in range(18)]
     assert len({a.lease_id for a in held}) == 18  # every request holds a lease of its own
     held.append(await lim.admit(subject, 100))  # the grant is spent: another one
     assert await debt_units(peek, SCOPE + ":r") == 19 + 16

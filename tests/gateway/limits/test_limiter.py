@@ -209,3 +209,26 @@ async def test_usage_report_per_surface(limiter: Limiter, clock: Clock) -> None:
     assert row["cost_per_1k_requests_usd"] == "0.133333333333"  # 0.0004 x 1000 / 3, floored
     day = window_of("day", clock())
     assert (await limiter.record_of("team-a", day))["spend$"] == 400_000_000
+
+
+async def test_unlimited_usage_is_merged_and_lands_in_the_windows_it_was_spent_in(
+    limiter: Limiter, clock: Clock
+) -> None:
+    """A tenant without limits or budget is not written per request: its usage is merged in
+    memory and flushed, each request still counted in the day, week and month it ran in."""
+    free = Subject("free", "chat")
+    clock.t = math.floor(clock.t / 86_400) * 86_400 + 86_400 - 5  # 5 s before midnight UTC
+    before = window_of("day", clock.t)
+    for _ in range(3):
+        limiter.finish(await limiter.admit(free, 10), used(100, cost=7))
+    clock.advance(10)  # the next day (the same week and month here)
+    after = window_of("day", clock.t)
+    for surface in ("chat", "batch"):
+        limiter.finish(await limiter.admit(free, 10), used(40, cost=5, surface=surface))
+    await limiter.drain()
+    day1 = await limiter.record_of("free", before)
+    day2 = await limiter.record_of("free", after)
+    assert (day1["spend$"], day1["chat:n"], day1["chat:in"]) == (21, 3, 300)
+    assert (day2["spend$"], day2["chat:n"], day2["batch:n"], day2["batch:in"]) == (10, 1, 1, 40)
+    month = await limiter.record_of("free", window_of("month", clock.t))
+    assert (month["spend$"], month["chat:n"], month["chat:cost$"]) == (31, 4, 26)
