@@ -23,6 +23,13 @@ Why the limits stay exact:
   ``ttl_s`` old), and no grant is taken once the spend reaches ``BUDGET_SHARE`` of the cap;
   from there every request reads the spend afresh.
 
+While a check taking a grant is in flight, the subject's other requests on this instance wait
+for it and draw from it (then check themselves if it cannot serve them): a burst does not race
+its own grant to Redis, which would leave the grant unused while the burst is refused
+elsewhere. The first sign that Redis may be gone (a connection it closed, a failed call) gives
+every grant back (or drops it, if Redis cannot be told): requests then ask Redis and meet an
+outage in the configured direction (``limits_failure_mode``) at once.
+
 The ``x-ratelimit-*`` headers of a request admitted from a grant are computed from the grant's
 check: its debt without what the grant still holds, drained for the time since. For one
 instance that is what a check per request would have reported; with several, each instance

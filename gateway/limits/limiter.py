@@ -103,7 +103,8 @@ class Limiter:
         self.grant_ttl_s = min(grant_ttl_s, lease_ttl_s / 3)
         self._grants: dict[Subject, Grant] = {}
         self._grant_next: dict[Subject, int] = {}  # the grant the next check may take
-        self._granting: set[Subject] = set()  # a check taking a grant is in flight
+        # A check taking a grant is in flight: the subject's other requests wait for it.
+        self._granting: dict[Subject, asyncio.Event] = {}
         self.granted = 0  # requests admitted from a grant
         self.fail_open = fail_open
         self.keys = keys or Keys()
@@ -121,6 +122,9 @@ class Limiter:
             store, self.keys, self.now_s, self._now_ms, self._lease_prefix + "-s", on_alert
         )
         self.ledger.on_success = self._recovered
+        # Redis may be gone: what grants hold is not admitted any more (a request then asks the
+        # store, so an outage is met in the configured direction at once); given back if it can.
+        store.on_trouble(self._give_all_back)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -140,8 +144,7 @@ class Limiter:
     async def drain(self) -> None:
         """Give the grants back, wait for the settlements in flight and write the deferred
         records (tests, shutdown)."""
-        for subject, grant in list(self._grants.items()):
-            self._give_back(subject, grant)
+        self._give_all_back()
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self._flusher is not None:
@@ -170,12 +173,22 @@ class Limiter:
             window = window_of(budget.window, self.now_s())
             key = self.keys.record(subject.tenant, window)
             gate = BudgetGate(key, budget.cap, refuse=budget.on_exhausted == "reject")
+        budget_key = gate.key if gate else None
         grant = self._grants.get(subject)
-        if grant is not None and grant.fits(tokens, gate.key if gate else None, time.monotonic()):
+        if grant is not None and grant.fits(tokens, budget_key, time.monotonic()):
             return self._from_grant(subject, grant, tokens)
+        coming = self._granting.get(subject)
+        if coming is not None:
+            # A grant is on its way: wait for it rather than race it to Redis (a burst would
+            # otherwise take the limit with checks of its own and leave the grant unused).
+            await coming.wait()
+            grant = self._grants.get(subject)
+            if grant is not None and grant.fits(tokens, budget_key, time.monotonic()):
+                return self._from_grant(subject, grant, tokens)
+            return await self._check(subject, tokens, gate, 0)
         more = self._grant_next.get(subject, 0)
-        if more and subject not in self._granting:  # one grant on its way at a time
-            self._granting.add(subject)
+        if more:
+            coming = self._granting[subject] = asyncio.Event()
             try:
                 return await self._check(subject, tokens, gate, more)
             except LimitExceeded as exc:
@@ -184,7 +197,8 @@ class Limiter:
                 # Refused with its grant: the request alone may still fit.
                 self._grant_next[subject] = 0
             finally:
-                self._granting.discard(subject)
+                del self._granting[subject]
+                coming.set()
         return await self._check(subject, tokens, gate, 0)
 
     async def _check(
@@ -289,6 +303,11 @@ class Limiter:
         if grant.requests == 0:
             self._give_back(subject, grant)  # its unused tokens
         return admission
+
+    def _give_all_back(self) -> None:
+        for subject, grant in list(self._grants.items()):
+            self._give_back(subject, grant)
+        self._grant_next.clear()
 
     def _give_back(self, subject: Subject, grant: Grant) -> None:
         """Return what ``grant`` still holds: its requests and tokens to the buckets, its

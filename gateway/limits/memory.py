@@ -10,6 +10,7 @@ dropped once their window is over (``keep_s``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Literal
 
 from gateway.limits import gcra
@@ -112,6 +113,9 @@ class MemoryStore:
 
     async def read_usage(self, key: str, now_ms: int | None = None) -> dict[str, int]:
         return dict(self._record(key, self._now(now_ms)))
+
+    def on_trouble(self, react: Callable[[], None]) -> None:
+        """Memory never fails: nothing to tell."""
 
     async def aclose(self) -> None:
         return None

@@ -73,13 +73,14 @@ class _Call:
 class _Link(asyncio.Protocol):
     """One connection: one exchange (a write, then a known number of replies) at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_lost: Callable[[], None] = lambda: None) -> None:
         self._parser = hiredis.Reader(replyError=ResponseError)
         self._transport: asyncio.Transport | None = None
         self._expected = 0
         self._replies: list[Any] = []
         self._done: asyncio.Future[list[Any]] | None = None
         self._on_reply: Callable[[int, Any], None] | None = None
+        self._on_lost = on_lost  # the server closed it (not us): it may be gone
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -101,8 +102,11 @@ class _Link(asyncio.Protocol):
             done.set_result(self._replies)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        ours = self.lost  # close() marks it first
         self.lost = True
         self._fail(ConnectionError(f"connection lost: {exc}" if exc else "connection closed"))
+        if not ours:
+            self._on_lost()
 
     def _fail(self, exc: Exception) -> None:
         done, self._done = self._done, None
@@ -145,6 +149,9 @@ class ScriptPipe:
     max_queue: int = 50_000
     _queue: collections.deque[_Call] = field(default_factory=collections.deque)
     _in_flight: int = 0
+    # Told at once when Redis closes a connection or a call fails: it may be gone (the
+    # limiter then stops admitting from grants, and finds out with its next check).
+    on_trouble: Callable[[], None] = lambda: None
 
     def __post_init__(self) -> None:
         self._options: dict[str, Any] = dict(parse_url(self.url))
@@ -191,6 +198,7 @@ class ScriptPipe:
             link = await self._open()
         except Exception as exc:  # whatever it was, the waiting calls must fail
             # Nothing was sent: every call waiting now fails at once (the store backs off).
+            self.on_trouble()
             failed = StoreUnavailable(f"redis: {type(exc).__name__}")
             while self._queue:
                 call = self._queue.popleft()
@@ -205,10 +213,14 @@ class ScriptPipe:
     async def _open(self) -> _Link:
         options = self._options
         loop = asyncio.get_running_loop()
+
+        def made() -> _Link:
+            return _Link(lambda: self.on_trouble())
+
         async with asyncio.timeout(max(self.timeout_s, 0.2)):
             link: _Link
             if options.get("connection_class") is UnixDomainSocketConnection:
-                _, link = await loop.create_unix_connection(_Link, options["path"])
+                _, link = await loop.create_unix_connection(made, options["path"])
             else:
                 context = None
                 if options.get("connection_class") is SSLConnection:
@@ -217,7 +229,7 @@ class ScriptPipe:
                         context.check_hostname = False
                         context.verify_mode = ssl.CERT_NONE
                 host, port = options.get("host", "localhost"), options.get("port", 6379)
-                _, link = await loop.create_connection(_Link, host, port, ssl=context)
+                _, link = await loop.create_connection(made, host, port, ssl=context)
             hello: list[bytes] = []
             if options.get("password"):
                 user = options.get("username")
@@ -268,6 +280,7 @@ class ScriptPipe:
         self._in_flight -= 1
         exc = ConnectionError("closed") if exchange.cancelled() else exchange.exception()
         if exc is not None:
+            self.on_trouble()
             link.close()
             # The idle ones most likely lost their server too (a restart): reconnect afresh
             # rather than find out one back-off window at a time.

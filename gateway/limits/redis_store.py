@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
@@ -149,6 +150,10 @@ class RedisLimitStore:
     async def aclose(self) -> None:
         await self._pipe.aclose()
         await self._redis.aclose()
+
+    def on_trouble(self, react: Callable[[], None]) -> None:
+        """Call ``react`` as soon as Redis closes a connection or a call fails."""
+        self._pipe.on_trouble = react
 
     @property
     def available(self) -> bool:

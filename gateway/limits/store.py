@@ -12,6 +12,7 @@ A store that cannot answer raises ``StoreUnavailable``; the limiter decides what
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -129,5 +130,9 @@ class LimitStore(Protocol):
         ...
 
     async def read_usage(self, key: str, now_ms: int | None = None) -> dict[str, int]: ...
+
+    def on_trouble(self, react: Callable[[], None]) -> None:
+        """Call ``react`` as soon as the store may have become unavailable."""
+        ...
 
     async def aclose(self) -> None: ...

@@ -280,19 +280,28 @@ async def test_windows_reset(
 
 
 @pytest.mark.parametrize("mode", ["open", "closed"])
+@pytest.mark.parametrize("granted", [False, True], ids=["checked", "granted"])
 async def test_redis_killed_mid_run_keeps_the_configured_direction(
     make_fake: FakeFactory,
     make_gateway: GatewayFactory,
     redis_server: RedisServer,
     clients: Clients,
     mode: str,
+    granted: bool,
 ) -> None:
+    """Also when the instances hold grants: the first sign of Redis going (its connections
+    closing) ends them, so every request after it meets the configured direction."""
     fake = await make_fake()
-    rules = {"limits": {"requests_per_minute": 1_000, "max_concurrent": 50}}
-    policy = limits_policy(fake.url, redis_server.url, rules, failure_mode=mode)
+    limits = {"requests_per_minute": 10_000} if granted else {"requests_per_minute": 1_000}
+    if not granted:
+        limits["max_concurrent"] = 50  # too few for a grant (64 x 2 needed)
+    policy = limits_policy(fake.url, redis_server.url, {"limits": limits}, failure_mode=mode)
     gateways = await three(make_gateway, policy, Clock())
     users = [clients(gw) for gw in gateways]
-    assert await spread(users, 9) == [200] * 9
+    for _ in range(3):  # one at a time per instance: the second check takes a grant
+        assert await spread(users, 3) == [200] * 3
+    in_grants = sum(len(gw.runtime.limiter._grants) for gw in gateways)
+    assert in_grants == (3 if granted else 0)
     redis_server.stop()
     statuses = await spread(users, 30)
     if mode == "open":
@@ -307,7 +316,8 @@ async def test_redis_killed_mid_run_keeps_the_configured_direction(
     await asyncio.sleep(1.2)  # past the store's back-off
     assert await spread(users, 6) == [200] * 6
     status, headers, _ = await chat(users[0])
-    assert status == 200 and int(headers["x-ratelimit-remaining-requests"]) < 1_000
+    limit = limits["requests_per_minute"]
+    assert status == 200 and int(headers["x-ratelimit-remaining-requests"]) < limit
 
 
 async def test_downgrade_serves_the_alias_small_tier(

@@ -173,3 +173,27 @@ async def test_no_grant_once_the_budget_is_mostly_spent(limiters: Factory) -> No
     for _ in range(20):
         await lim.admit(subject, 10)  # 85% spent: each request reads the spend afresh
     assert lim.granted == 0
+
+
+async def test_a_burst_after_steady_traffic_admits_exactly_the_limit(limiters: Factory) -> None:
+    """Instances holding grants (and about to take more) when a burst far past the limit
+    arrives: the burst's requests use the grants or wait for the one on its way, so none is
+    left unused while another instance refuses: exactly the limit, as without grants."""
+    gateways = [limiters() for _ in range(3)]
+    limit = 3_000
+    subject = Subject("team-a", "chat", RateLimits(requests_per_minute=limit))
+    for _ in range(3):
+        for lim in gateways:
+            await lim.admit(subject, 1)  # the second check of each instance takes a grant
+    assert all(lim._grants for lim in gateways)
+
+    async def one(i: int) -> bool:
+        try:
+            await gateways[i % 3].admit(subject, 1)
+        except LimitExceeded:
+            return False
+        return True
+
+    admitted = sum(await asyncio.gather(*(one(i) for i in range(3 * limit))))
+    assert admitted == limit - 9
+    assert sum(lim.granted for lim in gateways) > 3 * 16
