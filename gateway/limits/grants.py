@@ -20,8 +20,11 @@ Why the limits stay exact:
 * a request's token reservation is reconciled with its real usage as any other (its settlement
   is the same), and its lease is its own, released when it ends;
 * a budget is checked against the spend Redis reported when the grant was taken (at most
-  ``ttl_s`` old), and no grant is taken once the spend reaches ``BUDGET_SHARE`` of the cap;
-  from there every request reads the spend afresh.
+  ``ttl_s`` old); a grant is taken only while what is left of the budget is at least
+  ``HEADROOM`` times the grant's requests at the costliest answer this instance has settled
+  for the tenant (none settled yet: no grant), and never past ``BUDGET_SHARE`` of it; from
+  there every request reads the spend afresh, so a budget of a few requests is refused
+  exactly as without grants.
 
 While a check taking a grant is in flight, the subject's other requests on this instance wait
 for it and draw from it (then check themselves if it cannot serve them): a burst does not race
@@ -121,14 +124,18 @@ def size(
     kinds: tuple[Kind, ...],
     tokens: int,
     budget_cap: int | None,
+    costliest: int | None,
 ) -> int:
     """The grant the next check of this subject may take, from what this check found: 0 when
-    any limit is within ``HEADROOM`` grants of being reached (or the budget nearly spent)."""
+    any limit is within ``HEADROOM`` grants of being reached, or the budget within ``HEADROOM``
+    grants of the costliest answer seen (``costliest``, pUSD; None: none seen yet)."""
     if most < MIN_GRANT:
         return 0
-    if budget_cap is not None and result.spend >= budget_cap * BUDGET_SHARE:
-        return 0
     room = most
+    if budget_cap is not None:
+        if costliest is None or result.spend >= budget_cap * BUDGET_SHARE:
+            return 0
+        room = min(room, (budget_cap - result.spend) // (HEADROOM * max(costliest, 1)))
     for take, debt, kind in zip(req.buckets, result.debts, kinds, strict=True):
         unit = 1 if kind == "requests" else max(tokens, 1)
         room = min(room, gcra.remaining(debt, take.rate) // (HEADROOM * unit))

@@ -106,6 +106,7 @@ class Limiter:
         # A check taking a grant is in flight: the subject's other requests wait for it.
         self._granting: dict[Subject, asyncio.Event] = {}
         self.granted = 0  # requests admitted from a grant
+        self._costliest: dict[str, int] = {}  # tenant -> the costliest answer settled (pUSD)
         self.fail_open = fail_open
         self.keys = keys or Keys()
         self._clock = clock
@@ -124,7 +125,7 @@ class Limiter:
         self.ledger.on_success = self._recovered
         # Redis may be gone: what grants hold is not admitted any more (a request then asks the
         # store, so an outage is met in the configured direction at once); given back if it can.
-        store.on_trouble(self._give_all_back)
+        store.on_trouble(self._store_trouble)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -236,6 +237,7 @@ class Limiter:
                 tuple(k for k, _ in kinds),
                 tokens,
                 budget.cap if budget is not None else None,
+                self._costliest.get(subject.tenant),
             )
         own = lease_id
         views = (_view(req, result, kinds, "requests"), _view(req, result, kinds, "tokens"))
@@ -307,6 +309,10 @@ class Limiter:
     def _give_all_back(self) -> None:
         for subject, grant in list(self._grants.items()):
             self._give_back(subject, grant)
+
+    def _store_trouble(self) -> None:
+        """Redis may be gone: no request is admitted from a grant until a check succeeds."""
+        self._give_all_back()
         self._grant_next.clear()
 
     def _give_back(self, subject: Subject, grant: Grant) -> None:
@@ -433,6 +439,12 @@ class Limiter:
             return
         admission.settled = True
         subject = admission.subject
+        if record is not None and subject.budget is not None and self.grant_requests:
+            tenant = subject.tenant
+            if record.cost > self._costliest.get(tenant, -1):
+                if len(self._costliest) > 4096:  # tenants of policies reloaded away
+                    self._costliest.clear()
+                self._costliest[tenant] = record.cost
         if not subject.limited and subject.budget is None:
             if record is not None:
                 self.ledger.defer(subject, record)

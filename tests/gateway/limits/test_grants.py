@@ -51,6 +51,12 @@ async def peek(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
+async def settled(lim: Limiter) -> None:
+    """The settlements in flight have reached Redis (the grants stay: not ``drain``)."""
+    while lim._tasks:
+        await asyncio.gather(*list(lim._tasks))
+
+
 async def debt_units(peek: aioredis.Redis, key: str) -> int:
     """A bucket's debt in units (requests or tokens) taken per minute."""
     raw = await peek.hget(key, "d")
@@ -197,3 +203,33 @@ async def test_a_burst_after_steady_traffic_admits_exactly_the_limit(limiters: F
     admitted = sum(await asyncio.gather(*(one(i) for i in range(3 * limit))))
     assert admitted == limit - 9
     assert sum(lim.granted for lim in gateways) > 3 * 16
+
+
+async def test_a_budget_of_a_few_requests_is_refused_exactly(limiters: Factory) -> None:
+    """A budget worth a few answers takes no grant (what is left must cover 64 grants at the
+    costliest answer seen), so the request after the spend passed it is refused."""
+    lim = limiters()
+    budget = BudgetRule(Decimal("1"))
+    subject = Subject("team-a", "chat", None, None, budget)
+    answer = UsageRecord("chat", "m", Usage(10, 0, 10), budget.cap * 3 // 10)  # 0.30 USD
+    for _ in range(4):  # 0.00, 0.30, 0.60, 0.90 USD spent when admitted
+        lim.finish(await lim.admit(subject, 10), answer)
+        await settled(lim)
+    with pytest.raises(LimitExceeded) as refused:
+        await lim.admit(subject, 10)
+    assert refused.value.reason == "budget"
+    assert lim.granted == 0
+
+
+async def test_a_large_budget_takes_grants_once_an_answer_was_priced(limiters: Factory) -> None:
+    lim = limiters()
+    subject = Subject("team-a", "chat", None, None, BudgetRule(Decimal("1000")))
+    answer = UsageRecord("chat", "m", Usage(10, 0, 10), 17_000_000_000)  # 0.017 USD
+    for _ in range(2):  # nothing priced yet: each request reads the spend
+        await lim.admit(subject, 10)
+    assert lim.granted == 0
+    lim.finish(await lim.admit(subject, 10), answer)
+    await settled(lim)
+    for _ in range(4):  # a check that sizes the grant, one that takes it, two from it
+        await lim.admit(subject, 10)
+    assert lim.granted == 2
