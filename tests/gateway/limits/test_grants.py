@@ -18,6 +18,7 @@ from gateway.limits.rules import BudgetRule, Keys, RateLimits, Subject
 from gateway.limits.usage import UsageRecord
 from tests.cache.conftest import RedisServer
 from tests.gateway.limits.conftest import Clock, redis_store
+from tests.gateway.limits.test_shared import burst
 
 pytestmark = pytest.mark.redis
 
@@ -137,14 +138,7 @@ async def test_near_a_limit_every_request_asks_redis(limiters: Factory) -> None:
         await gateways[i % 3].admit(subject, 1)
     assert sum(g.granted for g in gateways) == 0
 
-    async def one(i: int) -> bool:
-        try:
-            await gateways[i % 3].admit(subject, 1)
-        except LimitExceeded:
-            return False
-        return True
-
-    assert sum(await asyncio.gather(*(one(i) for i in range(3 * limit)))) == limit - 30
+    assert await burst(gateways, subject, 3 * limit) == limit - 30
 
 
 async def test_instances_with_grants_admit_exactly_the_limit(limiters: Factory) -> None:
@@ -193,15 +187,7 @@ async def test_a_burst_after_steady_traffic_admits_exactly_the_limit(limiters: F
             await lim.admit(subject, 1)  # the second check of each instance takes a grant
     assert all(lim._grants for lim in gateways)
 
-    async def one(i: int) -> bool:
-        try:
-            await gateways[i % 3].admit(subject, 1)
-        except LimitExceeded:
-            return False
-        return True
-
-    admitted = sum(await asyncio.gather(*(one(i) for i in range(3 * limit))))
-    assert admitted == limit - 9
+    assert await burst(gateways, subject, 3 * limit) == limit - 9
     assert sum(lim.granted for lim in gateways) > 3 * 16
 
 
