@@ -63,7 +63,6 @@ class Grant:
     buckets: tuple[BucketTake, ...]  # the subject's buckets (their amounts: the asking request's)
     kinds: tuple[Kind, ...]  # per bucket
     left: list[int]  # units still held, per bucket
-    tokens: int  # the token estimate per request the grant was sized for
     leases: list[str]  # unused lease ids, one per request left (when the subject has slots)
     slots: tuple[str, ...]  # the slot sets the leases are in
     requests: int  # requests left

@@ -250,7 +250,6 @@ class Limiter:
                 buckets=tuple(buckets),
                 kinds=tuple(k for k, _ in kinds),
                 left=[b.amount * more for b in buckets],
-                tokens=tokens,
                 leases=leases[1:],
                 slots=tuple(s.key for s in slots),
                 requests=more,
