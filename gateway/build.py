@@ -196,6 +196,7 @@ def pool_settings(name: str, backend: Backend) -> PoolSettings:
         cooldown_s=h.cooldown_s,
         discover_models=backend.discover_models,
         max_connections=backend.max_connections,
+        lean_http=isinstance(backend, VllmBackend) and backend.http_client == "lean",
     )
 
 

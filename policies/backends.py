@@ -8,6 +8,7 @@ backends:
     health: {active: true, interval_s: 5, timeout_s: 2, eject_after: 3, cooldown_s: 10}
     timeouts: {connect_s: 3, first_byte_s: 120, idle_s: 120, total_s: 900}
     max_connections: 1000          # open connections per replica
+    http_client: lean              # vllm only: the gateway's HTTP/1.1 client (or aiohttp)
     rate_limit_wait_s: 2           # wait for the provider's rate limit reset, then fall back
     routing: {strategy: least_loaded}   # policies/routing.py
   openai: {kind: openai, base_url: https://api.openai.com/v1, api_key_env: OPENAI_API_KEY}
@@ -65,6 +66,10 @@ class _BackendBase(Strict):
     rate_limit_wait_s: float = Field(2.0, ge=0, le=300)
 
 
+# Which client sends a vLLM backend's requests to its http:// replicas: the gateway's own lean
+# HTTP/1.1 client (routing/http1.py), or aiohttp's (https replicas always use aiohttp's).
+HttpClient = Literal["lean", "aiohttp"]
+
 # How POST /v1/responses reaches a backend: translated onto chat completions (every stage
 # applies), or relayed to the backend's own /v1/responses (vLLM and OpenAI serve it).
 ResponsesMode = Literal["translate", "passthrough"]
@@ -78,6 +83,7 @@ class VllmBackend(_BackendBase):
     health: HealthConfig = HealthConfig()
     routing: RoutingConfig = Field(default_factory=LeastLoadedRouting)
     responses: ResponsesMode = "translate"
+    http_client: HttpClient = "lean"
 
     @field_validator("replicas")
     @classmethod

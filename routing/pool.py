@@ -1,7 +1,8 @@
 """A backend's pool of replicas: health checks, model discovery, and the router that chooses.
 
-The pool owns the HTTP session its requests, checks and scrapes go through, with at most
-``max_connections`` open connections per replica (the connector's per-host limit). A pool a
+The pool owns the HTTP session its checks and scrapes go through, and its requests unless the
+pool has the gateway's lean client (``routing.http1``: a vLLM backend's ``http://`` replicas,
+one connection pool each), with at most ``max_connections`` open connections per replica. A pool a
 reload drops is stopped at once but its session closes only when its last request has ended
 (or after ``drain_s``), so answers in flight are not cut.
 
@@ -21,10 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
+from yarl import URL
 
 from policies.routing import RoutingConfig
 from routing.admission import AdmissionQueue
 from routing.factory import BackgroundRouter, MetricsObserver
+from routing.http1 import Http1Pool
 from routing.metrics_scrape import MetricsListener, MetricsScraper
 from routing.replica import Replica
 from routing.router import Router
@@ -45,6 +48,7 @@ class PoolSettings:
     cooldown_s: float
     discover_models: bool
     max_connections: int = 1000  # per replica
+    lean_http: bool = False  # requests to http:// replicas go through routing.http1
 
 
 @dataclass(eq=False)
@@ -58,6 +62,7 @@ class BackendPool:
     admission: AdmissionQueue | None = None  # the gateway's priority queue in front of the pool
     _task: asyncio.Task[None] | None = None
     _session: aiohttp.ClientSession | None = None
+    _wires: dict[str, Http1Pool] = field(default_factory=dict)  # base_url: lean client
     _scraper: MetricsScraper | None = None
     _router_running: bool = False
 
@@ -95,6 +100,10 @@ class BackendPool:
         key = self.settings.api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
+    def wire(self, replica: Replica) -> Http1Pool | None:
+        """The lean client's connections to ``replica``; None: requests go through aiohttp."""
+        return self._wires.get(replica.base_url)
+
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -111,6 +120,13 @@ class BackendPool:
         # decoded read by read). Uncompressed answers, vLLM's, cost nothing extra.
         session = aiohttp.ClientSession(connector=connector, auto_decompress=True, trust_env=False)
         self._session = session
+        if self.settings.lean_http:
+            for replica in self.replicas:
+                url = URL(replica.base_url)
+                if url.scheme == "http" and url.host is not None and url.port is not None:
+                    self._wires[replica.base_url] = Http1Pool(
+                        url.host, url.port, self.settings.max_connections
+                    )
         await self.refresh()
         self._task = asyncio.create_task(self._loop(), name=f"pool-{self.name}")
         cfg = self.routing_config
@@ -150,6 +166,9 @@ class BackendPool:
         while waited < drain_s and any(r.outstanding for r in self.replicas):
             await asyncio.sleep(0.5)
             waited += 0.5
+        for wire in self._wires.values():
+            wire.close()
+        self._wires.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -293,10 +293,12 @@ class AttemptOpener:
         response: UpstreamResponse | None = None
         try:
             response = await open_upstream(
-                pool.session, replica, UpstreamRequest(path, body, headers), timeouts, first_byte_s
+                pool, replica, UpstreamRequest(path, body, headers), timeouts, first_byte_s
             )
             self.limits.observe(replica.base_url, response.headers, response.status)
             if provider is not None:
+                # Providers' backends are never vLLM's: their requests go through aiohttp.
+                assert isinstance(response, aiohttp.ClientResponse)
                 response = provider.wrap(response, call.parsed)
             attempt = Attempt(target, decision, response, guard, span, timeouts, opened_at)
             if read_first and response.status == 200:

@@ -3,21 +3,28 @@
 An attempt has two phases: until the response headers arrive (``first_byte_s``; failures here
 may be retried on another replica) and the body (``idle_s`` between reads, ``total_s`` in all).
 Only the first phase lives here; the relay reads the body.
+
+A request goes through the pool's lean HTTP/1.1 client (``routing.http1``) when the replica has
+one (a vLLM backend's ``http://`` replicas), else through aiohttp's; both raise aiohttp's
+exception types and give a response the relay reads alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
 from policies.backends import TimeoutConfig
+from routing.http1 import CannotConnect, Http1Pool, Http1Response
+from routing.pool import BackendPool
 from routing.replica import Replica
 
 # Headers from the client that travel upstream (the client's API key never does).
@@ -57,7 +64,7 @@ class AnswerTooLarge(aiohttp.ClientPayloadError):
     """A non-streamed answer over ``server.max_response_bytes``."""
 
 
-async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+async def read_capped(resp: aiohttp.ClientResponse | Http1Response, limit: int) -> bytes:
     """The whole body of ``resp``, refused (``AnswerTooLarge``) past ``limit`` bytes."""
     length = resp.content_length
     if length is not None and length > limit:
@@ -123,27 +130,41 @@ def _url(base_url: str, path: str) -> URL:
     return URL(f"{base_url}/{path}")
 
 
+@functools.lru_cache(maxsize=1024)
+def _target(base_url: str, path: str) -> str:
+    """The request target the lean client sends (the replica's base path and ``path``)."""
+    return f"{urlsplit(base_url).path}/{path}"
+
+
 async def open_upstream(
-    session: aiohttp.ClientSession,
+    pool: BackendPool,
     replica: Replica,
     req: UpstreamRequest,
     timeouts: TimeoutConfig,
     first_byte_s: float,
-) -> aiohttp.ClientResponse:
+) -> aiohttp.ClientResponse | Http1Response:
     """POST to ``replica``; returns a response with status < 500 whose body is unread.
 
     ``first_byte_s`` bounds the wait for the response headers (the backend's ``first_byte_s``,
     or less when the surface's deadline is nearer).
     """
-    url = _url(replica.base_url, req.path)
+    wire = pool.wire(replica)
     try:
-        async with asyncio.timeout(first_byte_s):
-            resp = await session.post(
-                url, data=req.body, headers=req.headers, timeout=_client_timeout(timeouts)
+        if wire is not None:
+            resp: aiohttp.ClientResponse | Http1Response = await _lean(
+                wire, replica, req, timeouts, first_byte_s
             )
+        else:
+            async with asyncio.timeout(first_byte_s):
+                resp = await pool.session.post(
+                    _url(replica.base_url, req.path),
+                    data=req.body,
+                    headers=req.headers,
+                    timeout=_client_timeout(timeouts),
+                )
     except TimeoutError as exc:
         raise AttemptFailed("timeout", f"{replica.name} did not answer in time", False) from exc
-    except aiohttp.ClientConnectorError as exc:
+    except (aiohttp.ClientConnectorError, CannotConnect) as exc:
         raise AttemptFailed("connect_error", f"cannot connect to {replica.name}", True) from exc
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
         raise AttemptFailed("connect_error", f"{replica.name} closed the connection", True) from exc
@@ -163,3 +184,21 @@ async def open_upstream(
             False,
         )
     return resp
+
+
+def _lean(
+    wire: Http1Pool,
+    replica: Replica,
+    req: UpstreamRequest,
+    timeouts: TimeoutConfig,
+    first_byte_s: float,
+) -> Awaitable[Http1Response]:
+    """The request through the lean client, which keeps the time limits itself (no timer)."""
+    return wire.post(
+        _target(replica.base_url, req.path),
+        req.body,
+        req.headers.items(),
+        connect_s=timeouts.connect_s,
+        first_byte_s=first_byte_s,
+        idle_s=timeouts.idle_s,
+    )

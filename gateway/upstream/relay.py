@@ -53,6 +53,7 @@ from gateway.upstream.client import (
 )
 from gateway.upstream.out import ClientDialect, StreamOut
 from gateway.upstream.providers.translated import TranslatedResponse
+from routing.http1 import Http1Response
 
 log = logging.getLogger("llm_gateway.relay")
 
@@ -246,7 +247,7 @@ def _json_object(body: bytes, headers: Mapping[str, str]) -> bool:
 
 async def read_answer(upstream: UpstreamResponse, max_bytes: int) -> bytes:
     """A whole (non-streamed) answer, at most ``max_bytes`` as it comes from the upstream."""
-    if isinstance(upstream, aiohttp.ClientResponse):
+    if isinstance(upstream, (Http1Response, aiohttp.ClientResponse)):
         return await read_capped(upstream, max_bytes)
     if isinstance(upstream, TranslatedResponse):
         return await upstream.read(max_bytes)
