@@ -35,11 +35,37 @@ access_log = logging.getLogger("llm_gateway.access")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+class _RequestIds:
+    """Request ids: 16 random hex digits drawn once per process, then a counter (8 hex digits).
+    Unique across processes and workers (a forked worker draws its own) without a system call
+    for randomness on every request."""
+
+    def __init__(self) -> None:
+        self._prefix = ""
+        self._next = 0
+        self.reset()
+        os.register_at_fork(after_in_child=self.reset)
+
+    def reset(self) -> None:
+        self._prefix = os.urandom(8).hex()
+        self._next = 0
+
+    def __call__(self) -> str:
+        self._next = (self._next + 1) & 0xFFFFFFFF
+        if self._next == 0:  # 2**32 requests in one process: a new prefix, never a repeat
+            self.reset()
+            self._next = 1
+        return f"{self._prefix}{self._next:08x}"
+
+
+_new_request_id = _RequestIds()
+
+
 @web.middleware
 async def gateway_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = request.headers.get("x-request-id", "")[:128]
     if not (request_id.isascii() and request_id.isprintable()) or not request_id:
-        request_id = os.urandom(12).hex()  # none, or one that must not be echoed in a header
+        request_id = _new_request_id()  # none, or one that must not be echoed in a header
     request[REQUEST_ID] = request_id
     started = time.perf_counter()
     try:

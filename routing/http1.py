@@ -269,6 +269,19 @@ class Http1Response:
         self._chunks.clear()
         self.close()
 
+    def whole(self, limit: int) -> bytes | None:
+        """The whole body, if it already arrived (undecoded, at most ``limit`` bytes); else None
+        (read it with ``readany``). A small answer usually arrives with its head."""
+        if not self._eof or self._exc is not None or self._decoder is not None:
+            return None
+        if self._size > limit:
+            return None
+        chunks = self._chunks
+        data = b"".join(chunks) if len(chunks) != 1 else chunks[0]
+        chunks.clear()
+        self._size = 0
+        return data
+
     def iter_any(self) -> AsyncIterator[bytes]:
         return _Chunks(self)
 
@@ -674,6 +687,7 @@ class Http1Pool:
         self._open = 0  # connections open or being opened
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first request
         authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self._host_line = f"Host: {authority}\r\nAccept-Encoding: {ACCEPT_ENCODING}\r\n"
 
@@ -693,7 +707,9 @@ class Http1Pool:
     ) -> Http1Response:
         """POST ``body`` to ``path``; the answer once its head arrived (its body unread)."""
         data = self._request(path, body, headers)
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         head_due = loop.time() + first_byte_s
         while True:
             conn = await self._connection(loop, connect_s, head_due)

@@ -192,8 +192,12 @@ async def _relay_body(attempt: Attempt, plan: RelayPlan) -> tuple[web.Response, 
     upstream = attempt.response
     limit, ours = _limit(attempt, plan)
     try:
-        async with asyncio.timeout(max(limit - time.perf_counter(), 0.0)):
-            body = await read_answer(upstream, plan.max_response_bytes)
+        body = (
+            upstream.whole(plan.max_response_bytes) if isinstance(upstream, Http1Response) else None
+        )
+        if body is None:  # not all here yet: read it under the time limit
+            async with asyncio.timeout(max(limit - time.perf_counter(), 0.0)):
+                body = await read_answer(upstream, plan.max_response_bytes)
     except AnswerTooLarge as exc:
         upstream.close()
         log.warning("an upstream answer was refused: %s (server.max_response_bytes)", exc)

@@ -14,10 +14,21 @@ from tests.conftest import FakeFactory, GatewayFactory, build_policy, vllm
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
 
-def one_backend(url: str, **server: Any) -> str:
+def one_backend(url: str, client: str = "lean", **server: Any) -> str:
     return build_policy(
-        {"up": vllm(url)}, {"m": {"backend": "up", "model": "fake-model"}}, server=server
+        {"up": vllm(url, http_client=client)},
+        {"m": {"backend": "up", "model": "fake-model"}},
+        server=server,
     )
+
+
+# Both upstream clients: the gateway's lean one (routing/http1.py, vLLM's default) and aiohttp's.
+CLIENTS = pytest.mark.parametrize("client", ["lean", "aiohttp"])
+
+
+def uses(gw: GatewayFactory, client: str) -> bool:
+    pool = gw.runtime.pools["up"]
+    return (pool.wire(pool.replicas[0]) is not None) == (client == "lean")
 
 
 def external(url: str) -> str:
@@ -30,12 +41,14 @@ def external(url: str) -> str:
     return build_policy({"ext": backend}, models)
 
 
+@CLIENTS
 @pytest.mark.parametrize("stream", [False, True])
 async def test_compressed_answers_reach_clients_intact(
-    make_fake: FakeFactory, make_gateway: GatewayFactory, stream: bool
+    make_fake: FakeFactory, make_gateway: GatewayFactory, stream: bool, client: str
 ) -> None:
     up = await make_fake(gzip=True, chunks=5)
-    gw = await make_gateway(one_backend(up.url))
+    gw = await make_gateway(one_backend(up.url, client))
+    assert uses(gw, client)
     if not stream:
         r = await gw.client.chat.completions.create(model="m", messages=MESSAGES)
         assert r.choices[0].message.content == "hello from the fake upstream"
@@ -114,11 +127,13 @@ async def test_upstream_refusing_the_gateways_key_is_a_502_for_the_caller(
 
 
 @pytest.mark.parametrize("action", ["html", "truncated"])
+@CLIENTS
 async def test_a_200_that_is_no_answer_is_a_502(
-    make_fake: FakeFactory, make_gateway: GatewayFactory, action: str
+    make_fake: FakeFactory, make_gateway: GatewayFactory, action: str, client: str
 ) -> None:
     up = await make_fake()
-    gw = await make_gateway(one_backend(up.url))
+    gw = await make_gateway(one_backend(up.url, client))
+    assert uses(gw, client)
     up.fake.queue(action)
     with pytest.raises(openai.InternalServerError) as info:
         await gw.client.chat.completions.create(model="m", messages=MESSAGES)
@@ -127,11 +142,13 @@ async def test_a_200_that_is_no_answer_is_a_502(
     assert info.value.body["type"] == "upstream_error"
 
 
+@CLIENTS
 async def test_answers_over_max_response_bytes_are_refused_not_buffered(
-    make_fake: FakeFactory, make_gateway: GatewayFactory
+    make_fake: FakeFactory, make_gateway: GatewayFactory, client: str
 ) -> None:
     up = await make_fake()
-    gw = await make_gateway(one_backend(up.url, max_response_bytes=65536))
+    gw = await make_gateway(one_backend(up.url, client, max_response_bytes=65536))
+    assert uses(gw, client)
     up.fake.queue("big:1000", "big:200000")
     assert (await gw.client.chat.completions.create(model="m", messages=MESSAGES)).choices
     with pytest.raises(openai.InternalServerError) as info:

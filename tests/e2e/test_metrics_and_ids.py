@@ -3,6 +3,7 @@ every answer carries the caller's request id, streams included (item 6)."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
 
@@ -122,3 +123,20 @@ async def test_answers_carry_the_callers_request_id_not_the_upstreams(
     answer = await send(port, build("GET", "/healthz", [(b"X-Request-Id", b"id-\xc3\xa9\xff")]), 10)
     assert answer.status == 200
     assert re.fullmatch(r"[0-9a-f]{24}", answer.headers["x-request-id"])
+
+
+def test_request_ids_never_repeat_within_a_process_or_across_forked_workers() -> None:
+    from gateway.middleware import _new_request_id
+
+    ids = {_new_request_id() for _ in range(10_000)}
+    assert len(ids) == 10_000 and all(re.fullmatch(r"[0-9a-f]{24}", i) for i in ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a worker forked from this process draws its own prefix
+        os.write(write, _new_request_id().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.close(write)
+    assert child not in ids and child[:16] != next(iter(ids))[:16]

@@ -124,6 +124,14 @@ def test_env_value_overrides_default(monkeypatch: pytest.MonkeyPatch) -> None:
             ("  small:", "  large: {backend: pool}\n  small:"),
             "p.yaml:15: models.large: duplicate key",
         ),
+        (
+            ("    kind: vllm\n", "    kind: vllm\n    http_client: httpx\n"),
+            "p.yaml:7: backends.pool.http_client: Input should be 'lean' or 'aiohttp'",
+        ),
+        (
+            ("    kind: openai\n", "    kind: openai\n    http_client: lean\n"),
+            "p.yaml:10: backends.ext.http_client: unknown key",
+        ),
         (("    kind: vllm\n", ""), "p.yaml:5: backends.pool: missing key 'kind'"),
         (("version: 1\n", "version: [1\n"), "p.yaml:2: invalid YAML"),
         (("version: 1\n", "version: 2\n"), "p.yaml:1: version: Input should be 1"),
