@@ -9,7 +9,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.conftest import FakeFactory, GatewayFactory, build_policy, vllm
+from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, build_policy, vllm
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
@@ -26,7 +26,7 @@ def one_backend(url: str, client: str = "lean", **server: Any) -> str:
 CLIENTS = pytest.mark.parametrize("client", ["lean", "aiohttp"])
 
 
-def uses(gw: GatewayFactory, client: str) -> bool:
+def uses(gw: RunningGateway, client: str) -> bool:
     pool = gw.runtime.pools["up"]
     return (pool.wire(pool.replicas[0]) is not None) == (client == "lean")
 
