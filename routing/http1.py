@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import socket
 import zlib
 from collections.abc import AsyncIterator, Iterable
@@ -43,9 +44,10 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 MAX_HEAD = 64 * 1024  # bytes of status line and headers
 MAX_CHUNK_LINE = 4096  # a chunk-size line with its extensions
-HIGH_WATER = 256 * 1024  # bytes buffered ahead of the reader: reading pauses above this
-DECODE_STEP = 256 * 1024  # most decoded bytes one read returns of a compressed body
+HIGH_WATER = 64 * 1024  # bytes buffered ahead of the reader: reading pauses above this
+DECODE_STEP = 64 * 1024  # most decoded bytes one read returns of a compressed body
 ACCEPT_ENCODING = "gzip, deflate"
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")  # a chunk size: hex digits only (no sign, no "_")
 
 
 class CannotConnect(aiohttp.ClientConnectionError):
@@ -382,6 +384,9 @@ class _Conn(asyncio.Protocol):
         except BadAnswer as exc:
             self._fail(exc)
             return
+        except Exception as exc:  # a parser bug must fail this answer, never leave it waiting
+            self._fail(BadAnswer(f"the answer could not be parsed: {type(exc).__name__}"))
+            return
         self._flow()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -476,23 +481,23 @@ class _Conn(asyncio.Protocol):
             return False
         if end > MAX_HEAD:
             raise BadAnswer("the answer's head is too large")
-        lines = bytes(buf[:end]).split(b"\r\n")
+        lines = buf[:end].decode("latin-1").split("\r\n")  # one decode for the whole head
         del buf[: end + 4]
         status_line = lines[0]
-        if not status_line.startswith(b"HTTP/1.") or len(status_line) < 12:
+        if not status_line.startswith("HTTP/1.") or len(status_line) < 12:
             raise BadAnswer("not an HTTP/1.x answer")
-        try:
-            status = int(status_line[9:12])
-        except ValueError:
-            raise BadAnswer("the answer's status line does not parse") from None
-        if status < 100 or status > 999 or status_line[12:13] not in (b"", b" "):
+        code = status_line[9:12]
+        if not (code.isascii() and code.isdigit()) or status_line[12:13] not in ("", " "):
+            raise BadAnswer("the answer's status line does not parse")
+        status = int(code)
+        if status < 100:
             raise BadAnswer("the answer's status line does not parse")
         headers: CIMultiDict[str] = CIMultiDict()
         for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep or not name or name != name.strip() or line[:1] in (b" ", b"\t"):
+            name, sep, value = line.partition(":")
+            if not sep or not name or name[0] in " \t" or name[-1] in " \t":
                 raise BadAnswer("a header line of the answer does not parse")
-            headers.add(name.decode("latin-1"), value.strip(b" \t").decode("latin-1"))
+            headers.add(name, value.strip(" \t"))
         if 100 <= status < 200:
             if status == 101:
                 raise BadAnswer("the upstream switched protocols")
@@ -500,9 +505,9 @@ class _Conn(asyncio.Protocol):
         self._start_body(status_line, status, headers)
         return True
 
-    def _start_body(self, status_line: bytes, status: int, headers: CIMultiDict[str]) -> None:
+    def _start_body(self, status_line: str, status: int, headers: CIMultiDict[str]) -> None:
         connection = headers.get("Connection", "").lower()
-        if status_line.startswith(b"HTTP/1.0"):
+        if status_line.startswith("HTTP/1.0"):
             self.keep_alive = "keep-alive" in connection
         else:
             self.keep_alive = "close" not in connection
@@ -514,13 +519,15 @@ class _Conn(asyncio.Protocol):
             if coding.rsplit(",", 1)[-1].strip().lower() == "chunked":
                 self.framing = _CHUNKED
                 self.chunk_state = _SIZE
+                if "Content-Length" in headers:  # both: chunked wins, the connection ends
+                    self.keep_alive = False
             else:
                 self.framing = _UNTIL_CLOSE
                 self.keep_alive = False
         elif "Content-Length" in headers:
             values = {v.strip() for v in headers.getall("Content-Length")}
             value = values.pop()
-            if values or not value.isdigit():
+            if values or not (value.isascii() and value.isdigit()):
                 raise BadAnswer("the answer's Content-Length is not one number")
             length = int(value)
             self.framing = _LENGTH if length else _EMPTY
@@ -562,14 +569,11 @@ class _Conn(asyncio.Protocol):
                 if len(buf) > MAX_CHUNK_LINE:
                     raise BadAnswer("a chunk-size line of the answer is too long")
                 return False
-            size_text = bytes(buf[:end]).split(b";", 1)[0].strip()
+            size_text = bytes(buf[:end]).split(b";", 1)[0].strip(b" \t")
             del buf[: end + 2]
-            try:
-                if not size_text or size_text.startswith((b"-", b"+", b"0x", b"0X")):
-                    raise ValueError
-                self.remaining = int(size_text, 16)
-            except ValueError:
-                raise BadAnswer("a chunk size of the answer does not parse") from None
+            if _HEX.fullmatch(size_text) is None:
+                raise BadAnswer("a chunk size of the answer does not parse")
+            self.remaining = int(size_text, 16)
             self.chunk_state = _DATA if self.remaining else _TRAILER
             return True
         if self.chunk_state == _DATA:
