@@ -340,7 +340,7 @@ class _Conn(asyncio.Protocol):
         self.paused = False
         self.reused = False
         self.state = _IDLE
-        self.buf = bytearray()
+        self.buf = b""  # the start of an incomplete head or line, kept for the next read
         self.head_waiter: asyncio.Future[Http1Response] | None = None
         self.response: Http1Response | None = None
         self.framing = _EMPTY
@@ -378,9 +378,11 @@ class _Conn(asyncio.Protocol):
                     self._answered()
                 self._flow()
                 return
-        self.buf += data
+        if self.buf:
+            data = self.buf + data
+            self.buf = b""
         try:
-            self._parse()
+            self.buf = self._parse(data)
         except BadAnswer as exc:
             self._fail(exc)
             return
@@ -457,32 +459,33 @@ class _Conn(asyncio.Protocol):
 
     # --- parsing ------------------------------------------------------------------------------
 
-    def _parse(self) -> None:
-        buf = self.buf
-        while buf:
+    def _parse(self, data: bytes) -> bytes:
+        """Parse what arrived; returns the bytes of an incomplete line or head, kept for the
+        next read. Works on ``data`` with an offset: no buffer is copied per step."""
+        pos, size = 0, len(data)
+        while pos < size:
             if self.state == _HEAD:
-                if not self._parse_head():
-                    return
+                pos = self._parse_head(data, pos)
             elif self.state == _BODY:
-                if not self._parse_body():
-                    return
+                pos = self._parse_body(data, pos)
             else:  # bytes after the answer, or unasked for: this connection is done
                 self.keep_alive = False
-                buf.clear()
                 self.abort()
-                return
+                return b""
+            if pos < 0:
+                return data[-pos - 1 :]
+        return b""
 
-    def _parse_head(self) -> bool:
-        buf = self.buf
-        end = buf.find(b"\r\n\r\n")
+    def _parse_head(self, data: bytes, pos: int) -> int:
+        """Past the head; or ``-pos - 1`` while it is incomplete."""
+        end = data.find(b"\r\n\r\n", pos)
         if end < 0:
-            if len(buf) > MAX_HEAD:
+            if len(data) - pos > MAX_HEAD:
                 raise BadAnswer("the answer's head is too large")
-            return False
-        if end > MAX_HEAD:
+            return -pos - 1
+        if end - pos > MAX_HEAD:
             raise BadAnswer("the answer's head is too large")
-        lines = buf[:end].decode("latin-1").split("\r\n")  # one decode for the whole head
-        del buf[: end + 4]
+        lines = data[pos:end].decode("latin-1").split("\r\n")  # one decode for the whole head
         status_line = lines[0]
         if not status_line.startswith("HTTP/1.") or len(status_line) < 12:
             raise BadAnswer("not an HTTP/1.x answer")
@@ -501,9 +504,11 @@ class _Conn(asyncio.Protocol):
         if 100 <= status < 200:
             if status == 101:
                 raise BadAnswer("the upstream switched protocols")
-            return True  # an interim answer (100 Continue, 103 Early Hints): the real one follows
+            return (
+                end + 4
+            )  # an interim answer (100 Continue, 103 Early Hints): the real one follows
         self._start_body(status_line, status, headers)
-        return True
+        return end + 4
 
     def _start_body(self, status_line: str, status: int, headers: CIMultiDict[str]) -> None:
         connection = headers.get("Connection", "").lower()
@@ -545,64 +550,59 @@ class _Conn(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(response)
 
-    def _parse_body(self) -> bool:
-        buf, response = self.buf, self.response
+    def _parse_body(self, data: bytes, pos: int) -> int:
+        """Past what was used of ``data``; or ``-pos - 1`` when a line is incomplete."""
+        response = self.response
         assert response is not None
+        size = len(data)
         framing = self.framing
         if framing == _UNTIL_CLOSE:
-            response._feed(bytes(buf))
-            buf.clear()
-            return False
-        if framing == _LENGTH:
-            take = min(self.remaining, len(buf))
-            response._feed(bytes(buf[:take]))
-            del buf[:take]
+            response._feed(data[pos:] if pos else data)
+            return size
+        if framing == _LENGTH or self.chunk_state == _DATA:
+            take = min(self.remaining, size - pos)
+            response._feed(data if take == size else data[pos : pos + take])
             self.remaining -= take
             if self.remaining == 0:
-                self._answered()
-                return True
-            return False
-        # chunked
-        if self.chunk_state == _SIZE:
-            end = buf.find(b"\r\n")
+                if framing == _LENGTH:
+                    self._answered()
+                else:
+                    self.chunk_state = _DATA_END
+            return pos + take
+        state = self.chunk_state
+        if state == _DATA_END:
+            if size - pos < 2:
+                return -pos - 1
+            if data[pos : pos + 2] != b"\r\n":
+                raise BadAnswer("a chunk of the answer is longer than its size")
+            self.chunk_state = _SIZE
+            return pos + 2
+        end = data.find(b"\r\n", pos)
+        if state == _SIZE:
             if end < 0:
-                if len(buf) > MAX_CHUNK_LINE:
+                if size - pos > MAX_CHUNK_LINE:
                     raise BadAnswer("a chunk-size line of the answer is too long")
-                return False
-            size_text = bytes(buf[:end]).split(b";", 1)[0].strip(b" \t")
-            del buf[: end + 2]
+                return -pos - 1
+            size_text = data[pos:end].split(b";", 1)[0].strip(b" \t")
             if _HEX.fullmatch(size_text) is None:
                 raise BadAnswer("a chunk size of the answer does not parse")
-            self.remaining = int(size_text, 16)
-            self.chunk_state = _DATA if self.remaining else _TRAILER
-            return True
-        if self.chunk_state == _DATA:
-            take = min(self.remaining, len(buf))
-            response._feed(bytes(buf[:take]))
-            del buf[:take]
-            self.remaining -= take
-            if self.remaining:
-                return False
-            self.chunk_state = _DATA_END
-            return True
-        if self.chunk_state == _DATA_END:
-            if len(buf) < 2:
-                return False
-            if buf[:2] != b"\r\n":
-                raise BadAnswer("a chunk of the answer is longer than its size")
-            del buf[:2]
-            self.chunk_state = _SIZE
-            return True
+            length = int(size_text, 16)
+            start = end + 2
+            stop = start + length
+            if length and data[stop : stop + 2] == b"\r\n":  # the whole chunk is here
+                response._feed(data[start:stop])
+                return stop + 2
+            self.remaining = length
+            self.chunk_state = _DATA if length else _TRAILER
+            return start
         # trailers: lines until an empty one
-        end = buf.find(b"\r\n")
         if end < 0:
-            if len(buf) > MAX_HEAD:
+            if size - pos > MAX_HEAD:
                 raise BadAnswer("the answer's trailers are too large")
-            return False
-        del buf[: end + 2]
-        if end == 0:
+            return -pos - 1
+        if end == pos:
             self._answered()
-        return True
+        return end + 2
 
     def _answered(self) -> None:
         """The answer's last byte arrived."""
