@@ -391,6 +391,10 @@ class _Conn(asyncio.Protocol):
             return
         self._flow()
 
+    def eof_received(self) -> bool | None:
+        self.closed = True  # the server is done with this connection: it is never reused
+        return None  # the transport closes; connection_lost ends what is in flight
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._cancel_timer()
