@@ -64,6 +64,8 @@ _HOP_BY_HOP = {
     "keep-alive",
     "content-encoding",
     "x-request-id",  # the caller's id is the gateway's (RelayPlan.headers), never the upstream's
+    "server",  # the gateway's own (vLLM's says "uvicorn", in lower case)
+    "date",
 }
 Watcher = Callable[[bytes], None]
 
@@ -129,8 +131,6 @@ def response_headers(upstream: UpstreamResponse, extra: dict[str, str]) -> dict[
         for k, v in upstream.headers.items()
         if k.lower() not in _HOP_BY_HOP and not k.lower().startswith(_PROVIDER_LIMITS)
     }
-    headers.pop("Server", None)
-    headers.pop("Date", None)
     headers.update(extra)
     return headers
 

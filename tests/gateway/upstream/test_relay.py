@@ -14,12 +14,13 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from bench.fake_upstream import site_port
 from gateway.observability.metrics import GatewayMetrics
 from gateway.protocol.answers import render_json
 from gateway.upstream.attempts import Attempt, AttemptOpener
-from gateway.upstream.relay import Relayed, RelayPlan, relay, send_answer
+from gateway.upstream.relay import Relayed, RelayPlan, relay, response_headers, send_answer
 from tests.conftest import FakeFactory, build_policy, vllm
 from tests.gateway.conftest import RuntimeFactory, make_call
 
@@ -159,3 +160,31 @@ async def test_a_finished_answer_goes_out_as_json_or_as_openai_chunks(serve: Any
     assert events[-1] == "[DONE]" and json.loads(events[-2])["usage"]["total_tokens"] == 5
     assert b"".join(seen) == body
     assert not done[0].result.live
+
+
+class _Answered:
+    """What ``response_headers`` reads of an upstream answer: its headers."""
+
+    def __init__(self, headers: list[tuple[str, str]]) -> None:
+        self.headers = CIMultiDictProxy(CIMultiDict(headers))
+
+
+def test_the_upstreams_own_headers_stay_behind_whatever_their_case() -> None:
+    upstream = _Answered(
+        [
+            ("server", "uvicorn"),  # vLLM's, in lower case
+            ("date", "Tue, 24 Nov 2026 07:00:00 GMT"),
+            ("Content-Length", "10"),
+            ("transfer-encoding", "chunked"),
+            ("X-Request-Id", "upstream-id"),
+            ("x-ratelimit-remaining-requests", "99"),
+            ("content-type", "application/json"),
+            ("x-custom", "kept"),
+        ]
+    )
+    headers = response_headers(upstream, {"x-request-id": "ours"})  # type: ignore[arg-type]
+    assert headers == {
+        "content-type": "application/json",
+        "x-custom": "kept",
+        "x-request-id": "ours",
+    }
