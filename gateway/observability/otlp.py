@@ -39,10 +39,12 @@ AttrValue = (
 # (prefix, attributes): the prefix is prepended to each key at encoding ("gateway." for
 # decisions), and None values are skipped, so the event loop stores the caller's mapping as is.
 # The prefix CONSTANT marks a mapping that is shared and never changed (an attempt's replica
-# attributes): its encoding is cached by identity, and its keys must not appear in the span's
-# other groups (they are not merged with them).
-# The prefix LAZY marks a group whose "mapping" is a function returning one, called in the
-# export thread (work such as parsing the answer's JSON for its usage stays off the loop).
+# attributes): its encoding is cached by identity.
+# The prefix LAZY marks a group whose "mapping" is (name, argument): the function registered
+# under that name (``lazy``) makes the mapping from the argument in the export thread (work such
+# as parsing the answer's JSON for its usage stays off the loop). A name and plain data rather
+# than a closure made per request: a record is tuples, strings, numbers, bytes and mappings of
+# those (two objects fewer per request for the collector to walk while the record is queued).
 AttrGroup = tuple[str, Any]
 CONSTANT = "="
 LAZY = "()"
@@ -51,12 +53,30 @@ Event = tuple[int, str, Mapping[str, Any] | None]  # time (ns), name, attributes
 # One finished span; every field is plain data, fixed at the span's end.
 # (trace_id, span_id, parent_span_id or 0, name, kind, start_ns, end_ns, attribute groups,
 #  events, status code (0 unset, 2 error), status message, W3C tracestate)
-SpanRecord = tuple[int, int, int, str, int, int, int, list[AttrGroup], list[Event], int, str, str]
+SpanRecord = tuple[
+    int, int, int, str, int, int, int, tuple[AttrGroup, ...], tuple[Event, ...], int, str, str
+]
+_LAZY: dict[str, Callable[[Any], Mapping[str, Any]]] = {}
+
+
+def lazy(name: str, make: Callable[[Any], Mapping[str, Any]]) -> None:
+    """Register the function that a ``(LAZY, (name, argument))`` group is made with."""
+    _LAZY[name] = make
+
 
 KIND_INTERNAL, KIND_SERVER, KIND_CLIENT = 1, 2, 3
 STATUS_UNSET, STATUS_ERROR = 0, 2
 _CACHE_MAX = 8192
 _SLICE = 64  # spans encoded between two GIL yields
+_KIND_TIMES = struct.Struct("<BBBQBQ")  # kind (a one-byte varint), start and end times
+_FIXED64, _DOUBLE = struct.Struct("<Q"), struct.Struct("<d")
+# The field tags of a KeyValue: Resource.attributes (1), Span.attributes (9), Event.attributes (3)
+_TAG_RESOURCE, _TAG_SPAN, _TAG_EVENT = b"\x0a", b"\x4a", b"\x1a"
+_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
+# KeyValue.value's field and AnyValue.string_value's field for a string of n < 0x7E bytes
+_STRING_HEADS = [bytes((0x12, n + 2, 0x0A, n)) for n in range(0x7E)]
+_SMALL_INTS = [bytes((0x12, 2, 0x18, n)) for n in range(0x80)]  # value field, int_value n
+_Group = tuple[bytes, frozenset[str]]  # a group's encoded attributes and their keys
 
 
 # --- protobuf wire encoding ------------------------------------------------------------------
@@ -66,7 +86,9 @@ def _varint(n: int) -> bytes:
     if n < 0:
         n += 1 << 64
     if n < 0x80:
-        return bytes((n,))
+        return _ONE_BYTE[n]
+    if n < 0x4000:
+        return bytes((n & 0x7F | 0x80, n >> 7))
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -95,80 +117,166 @@ def _any_value(value: Any) -> bytes:
 
 
 class Encoder:
-    """Span records -> ``ExportTraceServiceRequest`` bytes (one resource, one scope)."""
+    """Span records -> ``ExportTraceServiceRequest`` bytes (one resource, one scope).
+
+    An attribute is written straight from its value (its key's bytes are kept per key); a
+    group that repeats from one request to the next (the decisions: tenant, surface, backend,
+    replica...) is kept whole, per (prefix, keys, values), so it costs one lookup; a
+    ``CONSTANT`` group is kept by identity; a ``LAZY`` group and events (ids, token counts,
+    timings: new each time) are written attribute by attribute. Caches are bounded (cleared
+    when full). A group's entry carries its keys: a span whose groups share no key (the usual
+    case) is the concatenation of its groups' bytes; one where a key is set twice is merged
+    first (later groups win, a key is sent once).
+    """
 
     def __init__(self, resource: Mapping[str, Any], scope: str = "llm_gateway") -> None:
-        self._kv: dict[tuple[int, str, type, Any], bytes] = {}
-        self._constants: dict[tuple[int, int], tuple[Mapping[str, Any], bytes]] = {}
-        resource_body = b"".join(self._attribute(1, k, v) for k, v in resource.items())
-        self._resource = _field(1, resource_body)
+        self._heads: dict[str, bytes] = {}
+        self._groups: dict[tuple[Any, ...], _Group] = {}
+        self._constants: dict[tuple[bytes, int], tuple[Mapping[str, Any], _Group]] = {}
+        self._names: dict[str, bytes] = {}
+        self._event_names: dict[str, bytes] = {}
+        self._arrays: dict[tuple[Any, ...], bytes] = {}
+        self._resource = _field(1, self._encode(_TAG_RESOURCE, "", resource)[0])
         self._scope = _field(1, _field(1, scope.encode()))
 
-    def _attribute(self, number: int, key: str, value: Any) -> bytes:
-        encoded = _field(number, _field(1, key.encode()) + _field(2, _any_value(value)))
-        if len(self._kv) >= _CACHE_MAX:
-            self._kv.clear()  # unique values (ids, timings) would otherwise pile up
-        self._kv[(number, key, type(value), tuple(value) if type(value) is list else value)] = (
-            encoded
-        )
+    def _head(self, key: str) -> bytes:
+        """``KeyValue.key``'s field, kept per key."""
+        head = self._heads.get(key)
+        if head is None:
+            if len(self._heads) >= _CACHE_MAX:
+                self._heads.clear()
+            head = self._heads[key] = _field(1, key.encode())
+        return head
+
+    def _array(self, items: tuple[Any, ...]) -> bytes:
+        """``KeyValue.value``'s field holding an ``ArrayValue``, kept per distinct array."""
+        try:
+            encoded = self._arrays.get(items)
+        except TypeError:  # an unhashable item: not kept
+            any_value = _any_value(items)
+            return b"\x12" + _varint(len(any_value)) + any_value
+        if encoded is None:
+            any_value = _any_value(items)
+            encoded = b"\x12" + _varint(len(any_value)) + any_value
+            if len(self._arrays) >= _CACHE_MAX:
+                self._arrays.clear()
+            self._arrays[items] = encoded
         return encoded
 
-    def _attributes(self, number: int, groups: Sequence[AttrGroup]) -> bytes:
-        parts: list[bytes] = []
-        merged: dict[str, Any] = {}
-        constants: list[Mapping[str, Any]] = []
-        for prefix, attrs in groups:
-            if prefix == LAZY:
-                prefix, attrs = "", _evaluated(attrs)
-            if prefix == CONSTANT:  # one shared mapping: its encoding is kept by identity
-                if not any(attrs is seen for seen in constants):  # the same one twice: once
-                    constants.append(attrs)
-                    parts.append(self._constant(number, attrs))
-            elif prefix:
-                for key, value in attrs.items():
-                    if value is not None:
-                        merged[prefix + key] = value
+    def _attribute(self, tag: bytes, key: str, value: Any) -> bytes:
+        """One ``KeyValue`` as the field ``tag`` (attributes of a span, an event, a resource)."""
+        head = self._heads.get(key) or self._head(key)
+        body: bytes
+        kind = type(value)
+        if kind is str:
+            raw = value.encode()
+            n = len(raw)
+            if n < 0x7E:  # both lengths fit a one-byte varint
+                body = head + _STRING_HEADS[n] + raw
             else:
-                for key, value in attrs.items():
-                    if value is not None:
-                        merged[key] = value
-        cache = self._kv
-        for key, value in merged.items():
-            kind = type(value)
-            encoded = cache.get((number, key, kind, tuple(value) if kind is list else value))
-            parts.append(encoded or self._attribute(number, key, value))
-        return b"".join(parts)
+                any_value = _field(1, raw)
+                body = head + b"\x12" + _varint(len(any_value)) + any_value
+        elif kind is int and 0 <= value < 0x80:
+            body = head + _SMALL_INTS[value]
+        elif kind is float:
+            body = head + b"\x12\x09\x21" + _DOUBLE.pack(value)
+        elif kind is bool:
+            body = head + (b"\x12\x02\x10\x01" if value else b"\x12\x02\x10\x00")
+        elif kind is list or kind is tuple:  # finish reasons: a few distinct lists, kept
+            body = head + self._array(tuple(value))
+        else:
+            any_value = _any_value(value)
+            body = head + b"\x12" + _varint(len(any_value)) + any_value
+        n = len(body)
+        return tag + (_ONE_BYTE[n] if n < 0x80 else _varint(n)) + body
 
-    def _constant(self, number: int, attrs: Mapping[str, Any]) -> bytes:
-        seen = self._constants.get((number, id(attrs)))
+    def _encode(self, tag: bytes, prefix: str, attrs: Mapping[str, Any]) -> _Group:
+        parts: list[bytes] = []
+        keys: list[str] = []
+        attribute = self._attribute
+        for key, value in attrs.items():
+            if value is not None:
+                if prefix:
+                    key = prefix + key
+                keys.append(key)
+                parts.append(attribute(tag, key, value))
+        return b"".join(parts), frozenset(keys)
+
+    def _group(self, tag: bytes, prefix: str, attrs: Mapping[str, Any]) -> _Group:
+        values = tuple(attrs.values())
+        try:  # the values' types too: 1, 1.0 and True are equal keys, not equal encodings
+            key = (tag, prefix, tuple(attrs), values, tuple(map(type, values)))
+            group = self._groups.get(key)
+        except TypeError:  # a list value: written attribute by attribute, not kept whole
+            return self._encode(tag, prefix, attrs)
+        if group is None:
+            group = self._encode(tag, prefix, attrs)
+            if len(self._groups) >= _CACHE_MAX:
+                self._groups.clear()
+            self._groups[key] = group
+        return group
+
+    def _constant(self, tag: bytes, attrs: Mapping[str, Any]) -> _Group:
+        seen = self._constants.get((tag, id(attrs)))
         if seen is not None and seen[0] is attrs:
             return seen[1]
-        encoded = b"".join(self._attribute(number, k, v) for k, v in attrs.items() if v is not None)
+        group = self._encode(tag, "", attrs)
         if len(self._constants) >= _CACHE_MAX:
             self._constants.clear()
-        self._constants[(number, id(attrs))] = (attrs, encoded)  # the ref keeps the id unique
-        return encoded
+        self._constants[(tag, id(attrs))] = (attrs, group)  # the ref keeps the id unique
+        return group
+
+    def _attributes(self, tag: bytes, groups: Sequence[AttrGroup]) -> bytes:
+        parts: list[bytes] = []
+        keys: set[str] = set()
+        constants: list[Mapping[str, Any]] = []
+        resolved: list[AttrGroup] = []  # LAZY functions are called once: their mappings
+        for i, (prefix, attrs) in enumerate(groups):
+            if prefix == CONSTANT:
+                if any(attrs is seen for seen in constants):  # the same mapping twice: once
+                    continue
+                constants.append(attrs)
+                encoded, names = self._constant(tag, attrs)
+            elif prefix == LAZY:
+                prefix, attrs = "", _evaluated(attrs)
+                encoded, names = self._encode(tag, "", attrs)
+            else:
+                encoded, names = self._group(tag, prefix, attrs)
+            resolved.append((prefix, attrs))
+            if not keys.isdisjoint(names):  # a key set twice: merge, later groups win
+                return self._merged(tag, resolved, groups[i + 1 :])
+            keys |= names
+            parts.append(encoded)
+        return b"".join(parts)
+
+    def _merged(self, tag: bytes, resolved: list[AttrGroup], rest: Sequence[AttrGroup]) -> bytes:
+        """The slow path, all groups merged (``rest``'s LAZY functions are called here)."""
+        groups = resolved + [("", _evaluated(a)) if p == LAZY else (p, a) for p, a in rest]
+        merged = merged_attributes(groups)
+        return b"".join(self._attribute(tag, k, v) for k, v in merged.items())
 
     def span(self, record: SpanRecord) -> bytes:
         (trace_id, span_id, parent_id, name, kind, start_ns, end_ns, groups, events,
          status, message, trace_state) = record  # fmt: skip
         parts = [
-            b"\x0a\x10" + trace_id.to_bytes(16, "big"),
-            b"\x12\x08" + span_id.to_bytes(8, "big"),
+            b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08" + span_id.to_bytes(8, "big")
         ]
         if trace_state:
             parts.append(_field(3, trace_state.encode()))
         if parent_id:
             parts.append(b"\x22\x08" + parent_id.to_bytes(8, "big"))
-        parts.append(_field(5, name.encode()))
-        parts.append(b"\x30" + _varint(kind))
-        parts.append(b"\x39" + struct.pack("<Q", start_ns))
-        parts.append(b"\x41" + struct.pack("<Q", end_ns))
-        parts.append(self._attributes(9, groups))
+        encoded_name = self._names.get(name)
+        if encoded_name is None:
+            if len(self._names) >= _CACHE_MAX:
+                self._names.clear()
+            encoded_name = self._names[name] = _field(5, name.encode())
+        parts.append(encoded_name)
+        parts.append(_KIND_TIMES.pack(0x30, kind, 0x39, start_ns, 0x41, end_ns))
+        parts.append(self._attributes(_TAG_SPAN, groups))
         for at_ns, event_name, attrs in events:
-            body = b"\x09" + struct.pack("<Q", at_ns) + _field(2, event_name.encode())
+            body = b"\x09" + _FIXED64.pack(at_ns) + self._event_name(event_name)
             if attrs:
-                body += self._attributes(3, (("", attrs),))
+                body += self._encode(_TAG_EVENT, "", attrs)[0]
             parts.append(_field(11, body))
         if status:
             status_body = (
@@ -177,15 +285,24 @@ class Encoder:
             parts.append(_field(15, status_body))
         return _field(2, b"".join(parts))
 
+    def _event_name(self, name: str) -> bytes:
+        encoded = self._event_names.get(name)
+        if encoded is None:
+            if len(self._event_names) >= _CACHE_MAX:
+                self._event_names.clear()
+            encoded = self._event_names[name] = _field(2, name.encode())
+        return encoded
+
     def request(self, encoded_spans: Sequence[bytes]) -> bytes:
         scope_spans = _field(2, self._scope + b"".join(encoded_spans))
         return _field(1, self._resource + scope_spans)
 
 
-def _evaluated(make: Any) -> Mapping[str, Any]:
+def _evaluated(group: Any) -> Mapping[str, Any]:
     """A LAZY group's mapping; a function that fails gives nothing (never the export)."""
     try:
-        attrs = make()
+        name, argument = group
+        attrs = _LAZY[name](argument)
     except Exception:
         log.exception("a span attribute function failed")
         return {}

@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from functools import lru_cache
 from types import TracebackType
 from typing import Any, Protocol
@@ -255,11 +255,14 @@ class RequestSpan:
         if server_url is not None:
             self.groups.append((CONSTANT, server_attributes(server_url)))
 
-    def response_later(self, attributes: Callable[[], Mapping[str, Any]]) -> None:
-        """Response attributes that ``attributes()`` computes in the export thread (e.g. from
-        the answer's bytes: the loop does not parse them a second time for the span)."""
+    def response_later(self, attributes: tuple[str, Any], server_url: str | None = None) -> None:
+        """Response attributes made in the export thread: ``attributes`` is (the name of a
+        function registered with ``otlp.lazy``, its argument), e.g. the answer's bytes (the loop
+        does not parse them a second time for the span)."""
         if self.recording:
             self.groups.append((LAZY, attributes))
+            if server_url is not None:
+                self.groups.append((CONSTANT, server_attributes(server_url)))
 
     def content(self, input_messages_json: str | None, output_messages_json: str | None) -> None:
         """Prompt and completion (JSON, GenAI message shape): only when the policy opts in."""
@@ -276,8 +279,8 @@ class RequestSpan:
         failed = status >= 500 or error_type is not None
         self.tracer.sink.add(
             (self.trace_id, self.span_id, self.parent_id, self.name, KIND_SERVER, self.start_ns,
-             _time_ns(), self.groups, self.events, STATUS_ERROR if failed else STATUS_UNSET,
-             error_type or "", self.trace_state)
+             _time_ns(), tuple(self.groups), tuple(self.events),
+             STATUS_ERROR if failed else STATUS_UNSET, error_type or "", self.trace_state)
         )  # fmt: skip
 
 
@@ -311,7 +314,7 @@ class StageSpan:
             self.attrs["error.type"] = type(exc).__qualname__
         rs.tracer.sink.add(
             (rs.trace_id, _bits(64) or 1, rs.span_id, self.name, KIND_INTERNAL, self.start_ns,
-             _time_ns(), [("", self.attrs)], [], status, "", rs.trace_state)
+             _time_ns(), (("", self.attrs),), (), status, "", rs.trace_state)
         )  # fmt: skip
 
 
@@ -360,12 +363,12 @@ class AttemptSpan:
         failed = self.outcome in _FAILED_OUTCOMES
         outcome = {"gateway.attempt.outcome": self.outcome, "http.response.status_code":
                    self.status, "error.type": self.outcome if failed else None}  # fmt: skip
-        events: list[Event] = (
-            [] if self.chunk_ns is None else [(self.chunk_ns, "first_chunk", None)]
+        events: tuple[Event, ...] = (
+            () if self.chunk_ns is None else ((self.chunk_ns, "first_chunk", None),)
         )
         tracer.sink.add(
             (trace_id, self.span_id, parent_id, self.name, KIND_CLIENT, self.start_ns,
-             self.end_ns or end_ns, [(CONSTANT, self.attrs), ("", outcome)], events,
+             self.end_ns or end_ns, ((CONSTANT, self.attrs), ("", outcome)), events,
              STATUS_ERROR if failed else STATUS_UNSET, self.outcome if failed else "",
              rs.trace_state)
         )  # fmt: skip

@@ -19,7 +19,7 @@ Spans, sampling and kept failure traces: see ``gateway.observability.spans``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -30,6 +30,7 @@ from gateway.observability.otlp import (
     Encoder,
     Exporter,
     SpanRecord,
+    lazy,
     merged_attributes,
     sender_for,
 )
@@ -43,7 +44,6 @@ from gateway.observability.spans import (
     StageSpan,
     Tracer,
     response_attributes,
-    server_attributes,
 )
 from gateway.observability.summary import summarize_body
 from policies.server import TelemetryConfig
@@ -103,18 +103,20 @@ def _signal_url(base: str, protocol: Protocol_) -> str:
     return base + "/v1/traces"
 
 
-def body_attributes(body: bytes, server_url: str) -> Callable[[], dict[str, Any]]:
-    """A non-streamed answer's GenAI response attributes, computed when the span is exported."""
+def body_attributes(body: bytes) -> tuple[str, bytes]:
+    """A non-streamed answer's GenAI response attributes, made when the span is exported
+    (``RequestSpan.response_later``)."""
+    return _ANSWER, body
 
-    def attributes() -> dict[str, Any]:
-        summary = summarize_body(body)
-        return {
-            **response_attributes(summary.model, summary.response_id, summary.input_tokens,
-                                  summary.output_tokens, summary.finish_reasons),
-            **server_attributes(server_url),
-        }  # fmt: skip
 
-    return attributes
+def _answer_attributes(body: bytes) -> dict[str, Any]:
+    summary = summarize_body(body)
+    return response_attributes(summary.model, summary.response_id, summary.input_tokens,
+                               summary.output_tokens, summary.finish_reasons)  # fmt: skip
+
+
+_ANSWER = "answer"
+lazy(_ANSWER, _answer_attributes)
 
 
 class Telemetry(Tracer):

@@ -61,7 +61,7 @@ class Recorder:
             call.rt.latency.observe_itl(key, itl_ms)
         if result.body is not None and span.recording:
             if len(result.body) <= LAZY_BODY_MAX:  # parsed in the export thread, not here
-                span.response_later(body_attributes(result.body, key))
+                span.response_later(body_attributes(result.body), key)
             else:  # the export queue must not hold large answers
                 _span_response(span, summarize_body(result.body), key)
         elif served.watch.summary is not None:

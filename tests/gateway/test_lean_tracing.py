@@ -9,6 +9,7 @@ them.
 from __future__ import annotations
 
 import asyncio
+import pickle
 import threading
 from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
@@ -25,7 +26,14 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from bench.fake_upstream import site_port
-from gateway.observability.otlp import Encoder, Exporter, GrpcSender, HttpSender, SpanRecord
+from gateway.observability.otlp import (
+    Encoder,
+    Exporter,
+    GrpcSender,
+    HttpSender,
+    SpanRecord,
+    lazy,
+)
 from gateway.observability.spans import NOOP_REQUEST, Tracer, parse_traceparent
 from gateway.observability.tracing import body_attributes
 from tests.gateway.observability.hedged_request import (
@@ -296,8 +304,8 @@ def test_a_non_streamed_answer_is_summarized_in_the_export_thread() -> None:
         b'"stop", "message": {"role": "assistant", "content": "hi"}}], '
         b'"usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}'
     )
-    rs.response_later(body_attributes(answer, "http://10.0.0.9:8000/v1"))
-    rs.response_later(body_attributes(b"not json", "http://10.0.0.9:8000/v1"))  # nothing from it
+    rs.response_later(body_attributes(answer), "http://10.0.0.9:8000/v1")
+    rs.response_later(body_attributes(b"not json"), "http://10.0.0.9:8000/v1")  # nothing from it
     rs.end(200)
     (span,) = sink.decoded()  # encoding (the export thread's job) is where it is parsed
     a = attrs(span)
@@ -306,3 +314,68 @@ def test_a_non_streamed_answer_is_summarized_in_the_export_thread() -> None:
     assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (3, 1)
     assert a["gen_ai.response.finish_reasons"] == ["stop"]
     assert (a["server.address"], a["server.port"]) == ("10.0.0.9", 8000)
+
+
+def test_a_lazy_group_is_merged_with_the_groups_after_it() -> None:
+    sink = ListSink()
+    rs = Tracer(sink).start_request(operation="chat", request_model="m", headers={})
+    answer = b'{"id": "a-1", "model": "from-body", "choices": []}'
+    rs.response_later(body_attributes(answer), "http://h:1/v1")
+    rs.response(model="from-stream", server_url="http://other:2/v1")  # the same keys, later
+    rs.end(200)
+    (span,) = sink.decoded()
+    keys = [kv.key for kv in span.attributes]
+    assert len(keys) == len(set(keys))
+    a = attrs(span)
+    assert a["gen_ai.response.model"] == "from-stream"
+    assert a["gen_ai.response.id"] == "a-1"  # from the body: the later group has none
+    assert (a["server.address"], a["server.port"]) == ("other", 2)
+
+
+def test_equal_values_of_different_types_keep_their_types() -> None:
+    sink = ListSink()
+    tracer = Tracer(sink)
+    values: list[Any] = [1, 1.0, True, 0, 0.0, False, "1"]
+    for value in values:  # one encoder for all spans: what it keeps must not mix them up
+        rs = tracer.start_request(
+            operation="chat", request_model="m", headers={}, body={"temperature": value}
+        )
+        rs.decision({"x": value})
+        rs.end(200)
+    spans = sink.decoded()
+    sent = [attrs(s)["gateway.x"] for s in spans if s.kind == Span.SPAN_KIND_SERVER]
+    assert [(type(v), v) for v in sent] == [(type(v), v) for v in values]
+    temperatures = [attrs(s)["gen_ai.request.temperature"] for s in spans]
+    assert [type(v) for v in temperatures] == [type(v) for v in values]
+
+
+def test_a_failing_lazy_function_costs_its_attributes_only() -> None:
+    def boom(argument: object) -> dict[str, Any]:
+        raise ValueError(argument)
+
+    lazy("test-boom", boom)
+    sink = ListSink()
+    rs = Tracer(sink).start_request(operation="chat", request_model="m", headers={})
+    rs.response_later(("test-boom", b"x"))
+    rs.response_later(("not-registered", b"x"))
+    rs.decision({"tenant": "t"})
+    rs.end(200)
+    (span,) = sink.decoded()
+    assert attrs(span)["gateway.tenant"] == "t"
+    assert attrs(span)["http.response.status_code"] == 200
+
+
+def test_queued_records_are_plain_data() -> None:
+    sink = ListSink()
+    tracer = Tracer(sink)
+    rs = tracer.start_request(operation="chat", request_model="m", headers={}, body={"seed": 1})
+    rs.decision({"tenant": "t", "priority": 0, "budget.ttft_ms": None})
+    at = rs.attempt(base_url="http://h:1/v1", upstream_model="m", backend="b", replica="r")
+    at.first_chunk()
+    at.end("ok", 200)
+    rs.first_token(12.5)
+    rs.response_later(body_attributes(b'{"id": "x"}'), "http://h:1/v1")
+    rs.end(200)
+    assert len(sink.records) == 2
+    # No closure or object of ours waits in the queue: a record survives a pickle round trip.
+    assert pickle.loads(pickle.dumps(sink.records)) == sink.records
