@@ -6,11 +6,11 @@ over HTTP (``POST /v1/traces``, ``application/x-protobuf``) or gRPC (``TraceServ
 wire format of ``opentelemetry-proto`` (tests decode what is sent with its generated classes).
 
 Encoding is written out by hand against the proto field numbers: a span is a handful of
-length-delimited fields, and most of its attributes repeat from one request to the next
-(operation, model, tenant, surface, backend, replica, server address), so each encoded
-``KeyValue`` is kept in a bounded cache and a span costs a dictionary lookup per attribute
-instead of building protobuf objects. The thread yields the GIL between slices of spans so the
-event loop is never held up for long.
+length-delimited fields. Most of its attributes repeat from one request to the next (operation,
+model, tenant, surface, backend, replica, server address), so a group of them that repeats is
+kept encoded whole and costs one lookup; the rest (ids, token counts, timings) are written
+straight from their values (``Encoder``). The thread yields the GIL between slices of spans so
+the event loop is never held up for long.
 
 Batches: the thread wakes every ``schedule_s`` (or as soon as ``batch_size`` spans wait) and
 sends up to ``batch_size`` spans per request (``Exporter`` delivers any batch function: OTLP here,
