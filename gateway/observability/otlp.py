@@ -102,6 +102,16 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
+def _kept_field(cache: dict[str, bytes], number: int, text: str) -> bytes:
+    """``text`` as the string field ``number``, kept in ``cache`` (cleared when full)."""
+    encoded = cache.get(text)
+    if encoded is None:
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        encoded = cache[text] = _field(number, text.encode())
+    return encoded
+
+
 def _any_value(value: Any) -> bytes:
     if isinstance(value, bool):
         return b"\x10" + (b"\x01" if value else b"\x00")
@@ -139,15 +149,6 @@ class Encoder:
         self._resource = _field(1, self._encode(_TAG_RESOURCE, "", resource)[0])
         self._scope = _field(1, _field(1, scope.encode()))
 
-    def _head(self, key: str) -> bytes:
-        """``KeyValue.key``'s field, kept per key."""
-        head = self._heads.get(key)
-        if head is None:
-            if len(self._heads) >= _CACHE_MAX:
-                self._heads.clear()
-            head = self._heads[key] = _field(1, key.encode())
-        return head
-
     def _array(self, items: tuple[Any, ...]) -> bytes:
         """``KeyValue.value``'s field holding an ``ArrayValue``, kept per distinct array."""
         try:
@@ -165,7 +166,7 @@ class Encoder:
 
     def _attribute(self, tag: bytes, key: str, value: Any) -> bytes:
         """One ``KeyValue`` as the field ``tag`` (attributes of a span, an event, a resource)."""
-        head = self._heads.get(key) or self._head(key)
+        head = self._heads.get(key) or _kept_field(self._heads, 1, key)  # KeyValue.key
         body: bytes
         kind = type(value)
         if kind is str:
@@ -265,16 +266,11 @@ class Encoder:
             parts.append(_field(3, trace_state.encode()))
         if parent_id:
             parts.append(b"\x22\x08" + parent_id.to_bytes(8, "big"))
-        encoded_name = self._names.get(name)
-        if encoded_name is None:
-            if len(self._names) >= _CACHE_MAX:
-                self._names.clear()
-            encoded_name = self._names[name] = _field(5, name.encode())
-        parts.append(encoded_name)
+        parts.append(self._names.get(name) or _kept_field(self._names, 5, name))
         parts.append(_KIND_TIMES.pack(0x30, kind, 0x39, start_ns, 0x41, end_ns))
         parts.append(self._attributes(_TAG_SPAN, groups))
         for at_ns, event_name, attrs in events:
-            body = b"\x09" + _FIXED64.pack(at_ns) + self._event_name(event_name)
+            body = b"\x09" + _FIXED64.pack(at_ns) + _kept_field(self._event_names, 2, event_name)
             if attrs:
                 body += self._encode(_TAG_EVENT, "", attrs)[0]
             parts.append(_field(11, body))
@@ -284,14 +280,6 @@ class Encoder:
             )
             parts.append(_field(15, status_body))
         return _field(2, b"".join(parts))
-
-    def _event_name(self, name: str) -> bytes:
-        encoded = self._event_names.get(name)
-        if encoded is None:
-            if len(self._event_names) >= _CACHE_MAX:
-                self._event_names.clear()
-            encoded = self._event_names[name] = _field(2, name.encode())
-        return encoded
 
     def request(self, encoded_spans: Sequence[bytes]) -> bytes:
         scope_spans = _field(2, self._scope + b"".join(encoded_spans))
