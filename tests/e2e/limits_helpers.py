@@ -39,7 +39,14 @@ def limits_policy(
 ) -> str:
     sections: dict[str, Any] = {
         "tenants": tenants(**{"team-a": team_a}),
-        "shared_state": {"redis_url": redis_url or "", "limits_failure_mode": failure_mode},
+        # A check slower than timeout_ms counts as Redis unavailable and is admitted (fail
+        # open): these tests are about exactness, so a machine busy starting the vLLM tier
+        # must not look like an outage (one CI run saw a 500 ms check time out).
+        "shared_state": {
+            "redis_url": redis_url or "",
+            "limits_failure_mode": failure_mode,
+            "timeout_ms": 5000,
+        },
     }
     if surfaces:
         sections["surfaces"] = surfaces
