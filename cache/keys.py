@@ -121,7 +121,7 @@ def build_request(
     (completions) by the caller; None makes the request exact-only.
     """
     temperature = body.get("temperature")
-    temp = float(temperature) if isinstance(temperature, int | float) else None
+    temp = float(temperature) if isinstance(temperature, (int, float)) else None
     scope_part = canonical_json([scope.tenant, scope.model, scope.namespace, endpoint])
     if endpoint == "chat/completions":
         raw_messages = body.get("messages")

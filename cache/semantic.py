@@ -246,7 +246,7 @@ class ResponseCache:
             return CachePlan(None, False, False)
         temperature = body.get("temperature", 1.0)  # absent: the OpenAI default
         if not policy.allow_temperature and (
-            not isinstance(temperature, int | float) or temperature > 0
+            not isinstance(temperature, (int, float)) or temperature > 0
         ):
             return CachePlan(None, False, False, "temperature")
         directives = _cache_control(cache_control)

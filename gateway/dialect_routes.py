@@ -57,7 +57,7 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required and must be a string", param="model")
     stream = body.get("stream", False)
-    if not isinstance(stream, bool | None):
+    if not isinstance(stream, (bool, type(None))):
         raise BadRequest("'stream' must be a boolean", param="stream")
     return body
 

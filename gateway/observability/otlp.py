@@ -1,26 +1,36 @@
-"""OTLP trace export of span records: protobuf encoding and sending, in one background thread.
+"""OTLP trace export of span records: protobuf encoding in chunks on the loop, sending in a thread.
 
-The event loop only appends finished span records (plain tuples, ``SpanRecord``) to a bounded
-queue; this module's thread turns them into an OTLP ``ExportTraceServiceRequest`` and sends it
-over HTTP (``POST /v1/traces``, ``application/x-protobuf``) or gRPC (``TraceService/Export``), the
-wire format of ``opentelemetry-proto`` (tests decode what is sent with its generated classes).
+The event loop appends finished span records (plain tuples, ``SpanRecord``) to a bounded queue;
+every ``chunk`` records (32), one loop callback turns them into OTLP ``Span`` bytes, and this
+module's thread joins those into an ``ExportTraceServiceRequest`` and sends it over HTTP
+(``POST /v1/traces``, ``application/x-protobuf``) or gRPC (``TraceService/Export``), the wire
+format of ``opentelemetry-proto`` (tests decode what is sent with its generated classes).
+
+Why the loop encodes: on the gateway's one core, a thread that encodes has to take the GIL from
+the loop again and again (it yielded between slices so the loop was never held up long), and
+each hand-over cost more than the encoding it let through (``docs/benchmarks.md``: slices of 8
+spans cost ~40 us a request more than slices of 64). A callback after every 32 records holds the
+loop for about 0.3 ms, keeps the encoder's caches warm across its records, and never waits for
+the GIL; the thread takes the GIL only to post a batch. Records that never fill a chunk (a quiet
+gateway) are encoded by the thread when it wakes.
 
 Encoding is written out by hand against the proto field numbers: a span is a handful of
 length-delimited fields. Most of its attributes repeat from one request to the next (operation,
 model, tenant, surface, backend, replica, server address), so a group of them that repeats is
 kept encoded whole and costs one lookup; the rest (ids, token counts, timings) are written
-straight from their values (``Encoder``). The thread yields the GIL between slices of spans so
-the event loop is never held up for long.
+straight from their values (``Encoder``).
 
-Batches: the thread wakes every ``schedule_s`` (or as soon as ``batch_size`` spans wait) and
-sends up to ``batch_size`` spans per request (``Exporter`` delivers any batch function: OTLP here,
-or a caller's OpenTelemetry SDK exporter in ``gateway.observability.tracing``). The queue holds at most ``max_queue`` spans;
-beyond that spans are dropped and counted (``dropped``). A failed send is retried once after
-``retry_s``; then the batch is dropped and counted.
+Batches: the thread wakes every ``schedule_s`` (or as soon as ``batch_size`` spans are ready)
+and sends up to ``batch_size`` spans per request (``Exporter`` delivers any batch function: OTLP
+here, or a caller's OpenTelemetry SDK exporter in ``gateway.observability.tracing``, which gets
+the records themselves). At most ``max_queue`` spans wait, encoded or not; beyond that spans are
+dropped and counted (``dropped``). A failed send is retried once after ``retry_s``; then the
+batch is dropped and counted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import http.client
 import logging
@@ -41,8 +51,9 @@ AttrValue = (
 # The prefix CONSTANT marks a mapping that is shared and never changed (an attempt's replica
 # attributes): its encoding is cached by identity.
 # The prefix LAZY marks a group whose "mapping" is (name, argument): the function registered
-# under that name (``lazy``) makes the mapping from the argument in the export thread (work such
-# as parsing the answer's JSON for its usage stays off the loop). A name and plain data rather
+# under that name (``lazy``) makes the mapping from the argument when the span is encoded (work
+# such as parsing the answer's JSON for its usage is done once, in a chunk of records, after the
+# answer went out, not on the request's path). A name and plain data rather
 # than a closure made per request: a record is tuples, strings, numbers, bytes and mappings of
 # those (two objects fewer per request for the collector to walk while the record is queued).
 AttrGroup = tuple[str, Any]
@@ -67,7 +78,7 @@ def lazy(name: str, make: Callable[[Any], Mapping[str, Any]]) -> None:
 KIND_INTERNAL, KIND_SERVER, KIND_CLIENT = 1, 2, 3
 STATUS_UNSET, STATUS_ERROR = 0, 2
 _CACHE_MAX = 8192
-_SLICE = 64  # spans encoded between two GIL yields
+_CHUNK = 32  # records encoded by one loop callback
 _KIND_TIMES = struct.Struct("<BBBQBQ")  # kind (a one-byte varint), start and end times
 _FIXED64, _DOUBLE = struct.Struct("<Q"), struct.Struct("<d")
 # The field tags of a KeyValue: Resource.attributes (1), Span.attributes (9), Event.attributes (3)
@@ -121,7 +132,7 @@ def _any_value(value: Any) -> bytes:
         return b"\x21" + struct.pack("<d", value)
     if isinstance(value, str):
         return _field(1, value.encode())
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return _field(5, b"".join(_field(1, _any_value(v)) for v in value))
     return _field(1, str(value).encode())
 
@@ -376,30 +387,32 @@ class GrpcSender:
         self._channel.close()
 
 
-Deliver = Callable[[list[SpanRecord]], None]
+Deliver = Callable[[list[Any]], None]  # a batch of what ``prepare`` made (else of records)
 
 
 def otlp_delivery(sender: Sender, encoder: Encoder) -> Deliver:
-    """Encode a batch as one ``ExportTraceServiceRequest`` and send it (raises on failure)."""
+    """Send a batch of encoded spans as one ``ExportTraceServiceRequest`` (raises on failure)."""
 
-    def deliver(records: list[SpanRecord]) -> None:
-        encoded = []
-        for n, record in enumerate(records, start=1):
-            encoded.append(encoder.span(record))
-            if n % _SLICE == 0:
-                time.sleep(0)  # let the event loop's thread have the GIL
-        sender.send(encoder.request(encoded))
+    def deliver(spans: list[bytes]) -> None:
+        sender.send(encoder.request(spans))
 
     return deliver
 
 
 class Exporter:
-    """The bounded queue the event loop appends to, and the thread that delivers batches."""
+    """The bounded queue the event loop appends to, and the thread that delivers batches.
+
+    With ``prepare`` (OTLP: ``Encoder.span``), a record is turned into what ``deliver`` takes
+    on the loop, ``chunk`` records per callback (module comment); without it the thread
+    delivers the records themselves.
+    """
 
     def __init__(
         self,
         deliver: Deliver,
         *,
+        prepare: Callable[[SpanRecord], Any] | None = None,
+        chunk: int = _CHUNK,
         schedule_s: float = 1.0,
         batch_size: int = 512,
         max_queue: int = 8192,
@@ -407,8 +420,12 @@ class Exporter:
         close: Callable[[], None] | None = None,
     ) -> None:
         self._deliver = deliver
+        self._prepare = prepare
+        self._chunk = chunk
         self._close = close
-        self._queue: collections.deque[SpanRecord] = collections.deque()
+        self._records: collections.deque[SpanRecord] = collections.deque()  # to prepare
+        self._queue: collections.deque[Any] = collections.deque()  # ready to deliver
+        self._scheduled = False  # a loop callback will prepare the waiting records
         self._schedule_s = schedule_s
         self._batch_size = batch_size
         self._max_queue = max_queue
@@ -424,17 +441,72 @@ class Exporter:
 
     @classmethod
     def otlp(cls, sender: Sender, encoder: Encoder, **settings: Any) -> Exporter:
-        return cls(otlp_delivery(sender, encoder), close=sender.close, **settings)
+        return cls(
+            otlp_delivery(sender, encoder), prepare=encoder.span, close=sender.close, **settings
+        )
 
     def add(self, record: SpanRecord) -> None:
-        """On the event loop: one append (and a wake-up when a batch is full)."""
-        queue = self._queue
-        if len(queue) >= self._max_queue:
+        """On the event loop: one append (a callback per ``chunk`` records, a wake-up per
+        batch)."""
+        records = self._records
+        if len(records) + len(self._queue) >= self._max_queue:
             self.dropped += 1
             return
-        queue.append(record)
-        if len(queue) == self._batch_size:
+        if self._prepare is None:
+            self._ready(record)
+            return
+        records.append(record)
+        if len(records) >= self._chunk and not self._scheduled:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop on this thread: the export thread encodes them
+                if len(records) >= self._batch_size:
+                    self._wake.set()
+                return
+            self._scheduled = True
+            loop.call_soon(self._prepare_chunk)
+
+    def _ready(self, item: Any) -> None:
+        queue = self._queue
+        queue.append(item)
+        if len(queue) >= self._batch_size and not self._wake.is_set():
             self._wake.set()
+
+    def _prepare_chunk(self) -> None:
+        """A loop callback: prepare one chunk; another callback if more are waiting."""
+        self._scheduled = False
+        self._prepare_waiting(self._chunk)
+        if len(self._records) >= self._chunk:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._prepare_chunk)
+
+    def _prepare_waiting(self, limit: int | None = None) -> None:
+        """Prepare up to ``limit`` waiting records (all without one); the loop and the thread
+        may both be at it: each record is popped by one of them."""
+        records, prepare, ready = self._records, self._prepare, self._ready
+        if prepare is None or not records:
+            return
+        with self._idle:  # a record taken but not yet queued still counts for force_flush
+            self._in_flight += 1
+        try:
+            n = 0
+            while records and (limit is None or n < limit):
+                try:
+                    record = records.popleft()
+                except IndexError:  # the other one took the last
+                    return
+                n += 1
+                try:
+                    item = prepare(record)
+                except Exception:  # a record that cannot be encoded is lost, never the others
+                    self.dropped += 1
+                    log.exception("a span could not be encoded")
+                    continue
+                ready(item)
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
 
     def _run(self) -> None:
         while not self._stopping:
@@ -444,12 +516,13 @@ class Exporter:
         self._drain()
 
     def _drain(self) -> None:
+        self._prepare_waiting()  # what never filled a chunk
         queue = self._queue
         while queue:
             with self._idle:
                 self._in_flight += 1
             try:
-                batch: list[SpanRecord] = []
+                batch: list[Any] = []
                 while queue and len(batch) < self._batch_size:
                     batch.append(queue.popleft())
                 self._send(batch)
@@ -458,7 +531,7 @@ class Exporter:
                     self._in_flight -= 1
                     self._idle.notify_all()
 
-    def _send(self, batch: list[SpanRecord]) -> None:
+    def _send(self, batch: list[Any]) -> None:
         for attempt in range(2):
             try:
                 self._deliver(batch)
@@ -477,7 +550,7 @@ class Exporter:
         deadline = time.monotonic() + timeout_s
         self._wake.set()
         with self._idle:
-            while self._queue or self._in_flight:
+            while self._queue or self._records or self._in_flight:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

@@ -1,4 +1,4 @@
-"""Request tracing at a few microseconds a span: plain records on the loop, OTLP in a thread.
+"""Request tracing at a few microseconds a span: plain records on the loop, OTLP in batches.
 
 What a request's trace holds is what the OpenTelemetry SDK path recorded (GenAI conventions
 for the request and each upstream attempt, ``gateway.*`` decision attributes, stage spans,
@@ -6,8 +6,8 @@ for the request and each upstream attempt, ``gateway.*`` decision attributes, st
 does none of the SDK's work: no span objects with locks, no attribute validation, no context
 objects. A span here is a small slotted object collecting references (the decision dicts the
 orchestrator already built, unformatted); at its end it becomes one ``SpanRecord`` tuple
-appended to the exporter's queue (``gateway.observability.otlp``), whose thread merges the
-attributes, encodes OTLP protobuf and sends it.
+appended to the exporter's queue (``gateway.observability.otlp``), which merges the attributes
+and encodes OTLP protobuf a chunk of records at a time, later, and sends it from its thread.
 
 Sampling (decided before anything is recorded). A request with a valid ``traceparent`` follows
 the caller's sampled flag and continues its trace (``tracestate`` is kept and passed on). Any
@@ -146,7 +146,7 @@ class Tracer:
         if body is not None:
             for field, name in _REQUEST_PARAMS.items():
                 value = body.get(field)
-                if isinstance(value, bool | int | float | str):
+                if isinstance(value, (bool, int, float, str)):
                     attrs[name] = value
         return RequestSpan(self, operation, f"{operation} {request_model}", trace_id, parent_id,
                            state, attrs)  # fmt: skip
@@ -256,7 +256,7 @@ class RequestSpan:
             self.groups.append((CONSTANT, server_attributes(server_url)))
 
     def response_later(self, attributes: tuple[str, Any], server_url: str | None = None) -> None:
-        """Response attributes made in the export thread: ``attributes`` is (the name of a
+        """Response attributes made when the span is encoded: ``attributes`` is (the name of a
         function registered with ``otlp.lazy``, its argument), e.g. the answer's bytes (the loop
         does not parse them a second time for the span)."""
         if self.recording:

@@ -80,7 +80,7 @@ def read_messages_request(body: dict[str, Any], count_only: bool = False) -> Mes
     for name in ("temperature", "top_p", "top_k"):
         value = body.get(name)
         if value is not None:
-            if not isinstance(value, int | float) or isinstance(value, bool):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise BadRequest(f"{name}: must be a number", param=name)
             chat[name] = value
     tools = body.get("tools")

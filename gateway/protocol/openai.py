@@ -85,7 +85,7 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
             raise BadRequest(f"'{name}' must be an integer", param=name)
     for name in _NUM_FIELDS:
         value = body.get(name)
-        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
             raise BadRequest(f"'{name}' must be a number", param=name)
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
@@ -129,7 +129,7 @@ def _check_messages(messages: Any) -> None:
                 param=f"messages[{i}].role",
             )
         content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
+        if content is not None and not isinstance(content, (str, list)):
             raise BadRequest(
                 f"'messages[{i}].content' must be a string or an array of parts",
                 param=f"messages[{i}].content",
@@ -145,7 +145,8 @@ def _check_prompt(prompt: Any) -> None:
         isinstance(prompt, list)
         and prompt
         and all(
-            isinstance(p, str | int) or (isinstance(p, list) and all(isinstance(t, int) for t in p))
+            isinstance(p, (str, int))
+            or (isinstance(p, list) and all(isinstance(t, int) for t in p))
             for p in prompt
         )
     ):

@@ -193,7 +193,7 @@ def _item(item: Any, where: str) -> dict[str, Any]:
         if not isinstance(item.get("call_id"), str):
             raise BadRequest(f"'{where}.call_id' must be a string", param=f"{where}.call_id")
         output = item.get("output")
-        if not isinstance(output, str | list):
+        if not isinstance(output, (str, list)):
             raise BadRequest(f"'{where}.output' must be a string or parts", param=f"{where}.output")
         return {
             "id": _str_or_none(item, "id") or new_id("fco"),
@@ -330,7 +330,7 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
     for name in ("temperature", "top_p"):
         value = body.get(name)
         if value is not None:
-            if not isinstance(value, int | float) or isinstance(value, bool):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise BadRequest(f"'{name}' must be a number", param=name)
             out[name] = value
     top = body.get("top_logprobs")

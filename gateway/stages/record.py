@@ -2,8 +2,8 @@
 request's span; and the outcome of a request however it ends (``Recorder.outcome``).
 
 A stream is read as it goes by the ``Watch`` the relay feeds (the span's summary, the cache's
-capture); a whole answer traced is summarised in the export thread when it is small
-(``LAZY_BODY_MAX``), here otherwise.
+capture); a whole answer traced is summarised when its span is encoded (after the answer went
+out, with a chunk of other spans) when it is small (``LAZY_BODY_MAX``), here otherwise.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class Recorder:
         if itl_ms is not None:
             call.rt.latency.observe_itl(key, itl_ms)
         if result.body is not None and span.recording:
-            if len(result.body) <= LAZY_BODY_MAX:  # parsed in the export thread, not here
+            if len(result.body) <= LAZY_BODY_MAX:  # parsed when the span is encoded
                 span.response_later(body_attributes(result.body), key)
             else:  # the export queue must not hold large answers
                 _span_response(span, summarize_body(result.body), key)

@@ -194,7 +194,7 @@ def _logprobs(choice: dict[str, Any]) -> list[float] | None:
             return [float(t["logprob"]) for t in content if isinstance(t, dict) and "logprob" in t]
         tokens = lp.get("token_logprobs")
         if isinstance(tokens, list):  # completions
-            return [float(t) for t in tokens if isinstance(t, int | float)]
+            return [float(t) for t in tokens if isinstance(t, (int, float))]
     return None
 
 

@@ -1,4 +1,4 @@
-"""Lean tracing: span records on the loop, OTLP protobuf from the export thread, decoded here.
+"""Lean tracing: span records on the loop, OTLP protobuf from the exporter, decoded here.
 
 Every wire test sends through the real exporter thread to a real receiver (OTLP/HTTP on an
 aiohttp server, OTLP/gRPC on a grpc server) and decodes the bytes with opentelemetry-proto's
@@ -307,7 +307,7 @@ def test_a_non_streamed_answer_is_summarized_in_the_export_thread() -> None:
     rs.response_later(body_attributes(answer), "http://10.0.0.9:8000/v1")
     rs.response_later(body_attributes(b"not json"), "http://10.0.0.9:8000/v1")  # nothing from it
     rs.end(200)
-    (span,) = sink.decoded()  # encoding (the export thread's job) is where it is parsed
+    (span,) = sink.decoded()  # encoding is where it is parsed
     a = attrs(span)
     assert a["gen_ai.response.model"] == "llama"
     assert a["gen_ai.response.id"] == "chatcmpl-1"
@@ -379,3 +379,52 @@ def test_queued_records_are_plain_data() -> None:
     assert len(sink.records) == 2
     # No closure or object of ours waits in the queue: a record survives a pickle round trip.
     assert pickle.loads(pickle.dumps(sink.records)) == sink.records
+
+
+class Batches:
+    """A ``deliver`` that keeps what it was given; ``prepare`` notes the thread it ran on."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[int, int]] = []
+
+    def deliver(self, batch: list[tuple[int, int]]) -> None:
+        self.items.extend(batch)
+
+    @staticmethod
+    def prepare(record: SpanRecord) -> tuple[int, int]:
+        if record[0] == 13:
+            raise ValueError("cannot encode")
+        return threading.get_ident(), record[0]
+
+
+def _record(n: int) -> SpanRecord:
+    return (n, 1, 0, "s", 1, 0, 1, (), (), 0, "", "")
+
+
+async def test_the_loop_encodes_full_chunks_and_the_thread_the_rest() -> None:
+    batches = Batches()
+    exporter = Exporter(batches.deliver, prepare=batches.prepare, chunk=4, schedule_s=60.0)
+    try:
+        for n in range(10):  # two chunks of 4 on the loop, in two callbacks; 2 left over
+            exporter.add(_record(n))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert await asyncio.to_thread(exporter.force_flush, 10.0)
+    finally:
+        exporter.shutdown()
+    loop_thread = threading.get_ident()
+    assert sorted(n for _, n in batches.items) == list(range(10))
+    on_loop = sorted(n for ident, n in batches.items if ident == loop_thread)
+    assert on_loop == list(range(8))  # the two records short of a chunk: the export thread
+    assert exporter.exported == 10 and exporter.dropped == 0
+
+
+def test_a_record_that_cannot_be_encoded_is_dropped_alone() -> None:
+    batches = Batches()
+    exporter = Exporter(batches.deliver, prepare=batches.prepare, chunk=4, schedule_s=60.0)
+    for n in (12, 13, 14):  # no running loop: the export thread encodes them
+        exporter.add(_record(n))
+    assert exporter.force_flush(10.0)
+    exporter.shutdown()
+    assert [n for _, n in batches.items] == [12, 14]
+    assert (exporter.exported, exporter.dropped) == (2, 1)
