@@ -1,7 +1,8 @@
 """OTLP trace export of span records: protobuf encoding in chunks on the loop, sending in a thread.
 
 The event loop appends finished span records (plain tuples, ``SpanRecord``) to a bounded queue;
-every ``chunk`` records (32), one loop callback turns them into OTLP ``Span`` bytes, and this
+every ``chunk`` records (32), one loop callback turns them into OTLP ``Span`` bytes (stopping
+early once it has held the loop for a millisecond: long answers to summarise), and this
 module's thread joins those into an ``ExportTraceServiceRequest`` and sends it over HTTP
 (``POST /v1/traces``, ``application/x-protobuf``) or gRPC (``TraceService/Export``), the wire
 format of ``opentelemetry-proto`` (tests decode what is sent with its generated classes).
@@ -78,7 +79,8 @@ def lazy(name: str, make: Callable[[Any], Mapping[str, Any]]) -> None:
 KIND_INTERNAL, KIND_SERVER, KIND_CLIENT = 1, 2, 3
 STATUS_UNSET, STATUS_ERROR = 0, 2
 _CACHE_MAX = 8192
-_CHUNK = 32  # records encoded by one loop callback
+_CHUNK = 32  # records encoded by one loop callback...
+_CHUNK_S = 0.001  # ...unless it has taken this long (an answer of 64 KiB takes ~0.3 ms to read)
 _KIND_TIMES = struct.Struct("<BBBQBQ")  # kind (a one-byte varint), start and end times
 _FIXED64, _DOUBLE = struct.Struct("<Q"), struct.Struct("<d")
 # The field tags of a KeyValue: Resource.attributes (1), Span.attributes (9), Event.attributes (3)
@@ -475,14 +477,15 @@ class Exporter:
     def _prepare_chunk(self) -> None:
         """A loop callback: prepare one chunk; another callback if more are waiting."""
         self._scheduled = False
-        self._prepare_waiting(self._chunk)
+        self._prepare_waiting(self._chunk, time.perf_counter() + _CHUNK_S)
         if len(self._records) >= self._chunk:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._prepare_chunk)
 
-    def _prepare_waiting(self, limit: int | None = None) -> None:
-        """Prepare up to ``limit`` waiting records (all without one); the loop and the thread
-        may both be at it: each record is popped by one of them."""
+    def _prepare_waiting(self, limit: int | None = None, deadline: float | None = None) -> None:
+        """Prepare up to ``limit`` waiting records (all without one), stopping after the one
+        that passes ``deadline`` (``time.perf_counter``); the loop and the thread may both be
+        at it: each record is popped by one of them."""
         records, prepare, ready = self._records, self._prepare, self._ready
         if prepare is None or not records:
             return
@@ -503,6 +506,8 @@ class Exporter:
                     log.exception("a span could not be encoded")
                     continue
                 ready(item)
+                if deadline is not None and time.perf_counter() > deadline:
+                    return
         finally:
             with self._idle:
                 self._in_flight -= 1

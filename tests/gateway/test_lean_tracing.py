@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
 from typing import Any
@@ -417,6 +418,27 @@ async def test_the_loop_encodes_full_chunks_and_the_thread_the_rest() -> None:
     on_loop = sorted(n for ident, n in batches.items if ident == loop_thread)
     assert on_loop == list(range(8))  # the two records short of a chunk: the export thread
     assert exporter.exported == 10 and exporter.dropped == 0
+
+
+async def test_a_chunk_holds_the_loop_about_a_millisecond_at_most() -> None:
+    batches = Batches()
+
+    def slow(record: SpanRecord) -> tuple[int, int]:
+        time.sleep(0.005)  # e.g. a long answer to summarise
+        return batches.prepare(record)
+
+    exporter = Exporter(batches.deliver, prepare=slow, chunk=4, schedule_s=60.0)
+    try:
+        for n in range(4):
+            exporter.add(_record(n))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert await asyncio.to_thread(exporter.force_flush, 10.0)
+    finally:
+        exporter.shutdown()
+    loop_thread = threading.get_ident()
+    assert [n for ident, n in batches.items if ident == loop_thread] == [0]
+    assert sorted(n for _, n in batches.items) == [0, 1, 2, 3]
 
 
 def test_a_record_that_cannot_be_encoded_is_dropped_alone() -> None:
