@@ -402,21 +402,26 @@ def _record(n: int) -> SpanRecord:
     return (n, 1, 0, "s", 1, 0, 1, (), (), 0, "", "")
 
 
-async def test_the_loop_encodes_full_chunks_and_the_thread_the_rest() -> None:
-    batches = Batches()
-    exporter = Exporter(batches.deliver, prepare=batches.prepare, chunk=4, schedule_s=60.0)
+async def _on_the_loop(exporter: Exporter, batches: Batches, count: int) -> list[int]:
+    """Add ``count`` records on this loop, let it run twice, flush: the records encoded here."""
     try:
-        for n in range(10):  # two chunks of 4 on the loop, in two callbacks; 2 left over
+        for n in range(count):
             exporter.add(_record(n))
         await asyncio.sleep(0)
         await asyncio.sleep(0)
         assert await asyncio.to_thread(exporter.force_flush, 10.0)
     finally:
         exporter.shutdown()
+    assert sorted(n for _, n in batches.items) == list(range(count))
     loop_thread = threading.get_ident()
-    assert sorted(n for _, n in batches.items) == list(range(10))
-    on_loop = sorted(n for ident, n in batches.items if ident == loop_thread)
-    assert on_loop == list(range(8))  # the two records short of a chunk: the export thread
+    return sorted(n for ident, n in batches.items if ident == loop_thread)
+
+
+async def test_the_loop_encodes_full_chunks_and_the_thread_the_rest() -> None:
+    batches = Batches()
+    exporter = Exporter(batches.deliver, prepare=batches.prepare, chunk=4, schedule_s=60.0)
+    # Two chunks of 4 on the loop, in two callbacks; the 2 short of a chunk: the export thread.
+    assert await _on_the_loop(exporter, batches, 10) == list(range(8))
     assert exporter.exported == 10 and exporter.dropped == 0
 
 
@@ -428,17 +433,7 @@ async def test_a_chunk_holds_the_loop_about_a_millisecond_at_most() -> None:
         return batches.prepare(record)
 
     exporter = Exporter(batches.deliver, prepare=slow, chunk=4, schedule_s=60.0)
-    try:
-        for n in range(4):
-            exporter.add(_record(n))
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        assert await asyncio.to_thread(exporter.force_flush, 10.0)
-    finally:
-        exporter.shutdown()
-    loop_thread = threading.get_ident()
-    assert [n for ident, n in batches.items if ident == loop_thread] == [0]
-    assert sorted(n for _, n in batches.items) == [0, 1, 2, 3]
+    assert await _on_the_loop(exporter, batches, 4) == [0]
 
 
 def test_a_record_that_cannot_be_encoded_is_dropped_alone() -> None:
