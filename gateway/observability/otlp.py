@@ -35,6 +35,7 @@ import asyncio
 import collections
 import http.client
 import logging
+import re
 import struct
 import threading
 import time
@@ -79,6 +80,7 @@ def lazy(name: str, make: Callable[[Any], Mapping[str, Any]]) -> None:
 KIND_INTERNAL, KIND_SERVER, KIND_CLIENT = 1, 2, 3
 STATUS_UNSET, STATUS_ERROR = 0, 2
 _CACHE_MAX = 8192
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _CHUNK = 32  # records encoded by one loop callback...
 _CHUNK_S = 0.001  # ...unless it has taken this long (an answer of 64 KiB takes ~0.3 ms to read)
 _KIND_TIMES = struct.Struct("<BBBQBQ")  # kind (a one-byte varint), start and end times
@@ -270,6 +272,15 @@ class Encoder:
         return b"".join(self._attribute(tag, k, v) for k, v in merged.items())
 
     def span(self, record: SpanRecord) -> bytes:
+        """One ``Span``. A string that is not valid Unicode (a lone surrogate, which an
+        upstream's JSON answer can carry in its model or id; requests with one are refused
+        before any span) is sent with U+FFFD in its place, and only its span pays for it."""
+        try:
+            return self._span(record)
+        except UnicodeEncodeError:
+            return self._span(_replaced(record))
+
+    def _span(self, record: SpanRecord) -> bytes:
         (trace_id, span_id, parent_id, name, kind, start_ns, end_ns, groups, events,
          status, message, trace_state) = record  # fmt: skip
         parts = [
@@ -303,6 +314,32 @@ class Encoder:
         resource_spans_len = len(self._resource) + len(scope_head) + scope_spans_len
         head = b"\x0a" + _varint(resource_spans_len)  # resource_spans (1)
         return b"".join((head, self._resource, scope_head, self._scope, *encoded_spans))
+
+
+def _replaced(record: SpanRecord) -> SpanRecord:
+    """``record`` with every string made encodable (LAZY groups evaluated first)."""
+
+    def text(value: Any) -> Any:
+        if isinstance(value, str):
+            return _SURROGATE.sub("\ufffd", value)
+        if isinstance(value, (list, tuple)):
+            return [text(v) for v in value]
+        return value
+
+    def mapping(attrs: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        return None if attrs is None else {text(k): text(v) for k, v in attrs.items()}
+
+    (trace_id, span_id, parent_id, name, kind, start_ns, end_ns, groups, events,
+     status, message, trace_state) = record  # fmt: skip
+    clean_groups = tuple(  # new mappings: plain groups, not CONSTANT (kept by identity)
+        ("", mapping(_evaluated(attrs) if prefix == LAZY else attrs))
+        if prefix in (CONSTANT, LAZY)
+        else (text(prefix), mapping(attrs))
+        for prefix, attrs in groups
+    )
+    clean_events = tuple((at, text(n), mapping(attrs)) for at, n, attrs in events)
+    return (trace_id, span_id, parent_id, text(name), kind, start_ns, end_ns, clean_groups,
+            clean_events, status, text(message), text(trace_state))  # fmt: skip
 
 
 def _evaluated(group: Any) -> Mapping[str, Any]:

@@ -445,3 +445,24 @@ def test_a_record_that_cannot_be_encoded_is_dropped_alone() -> None:
     exporter.shutdown()
     assert [n for _, n in batches.items] == [12, 14]
     assert (exporter.exported, exporter.dropped) == (2, 1)
+
+
+def test_a_string_that_is_not_unicode_is_sent_replaced_not_lost() -> None:
+    # JSON can carry a lone surrogate ("\\ud800"), not encodable as UTF-8: the gateway refuses
+    # such a request, but an upstream's answer (summarised at encoding) may have one.
+    sink = ListSink()
+    tracer = Tracer(sink)
+    rs = tracer.start_request(operation="chat", request_model="m\ud800", headers={})
+    rs.decision({"tenant": "t\ud800"})
+    at = rs.attempt(base_url="http://h:1/v1", upstream_model="m", backend="b", replica="r")
+    at.end("ok", 200)
+    rs.response_later(body_attributes(b'{"model": "x\\ud800"}'), "http://h:1/v1")
+    rs.end(404, "model_not_found")
+    _request(tracer, {}, 200)  # another request's spans, in the same batch
+    spans = sink.decoded()
+    assert len(spans) == 4
+    (bad,) = [s for s in spans if s.name == "chat m\ufffd"]
+    assert attrs(bad)["gateway.tenant"] == "t\ufffd"
+    assert attrs(bad)["gen_ai.response.model"] == "x\ufffd"
+    assert attrs(bad)["server.address"] == "h"
+    assert attrs(bad)["error.type"] == "model_not_found"
