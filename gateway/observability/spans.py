@@ -1,4 +1,4 @@
-"""Request tracing at a few microseconds a span: plain records on the loop, OTLP in batches.
+"""Request tracing without the SDK: plain records on the loop, OTLP encoded in chunks of them.
 
 What a request's trace holds is what the OpenTelemetry SDK path recorded (GenAI conventions
 for the request and each upstream attempt, ``gateway.*`` decision attributes, stage spans,

@@ -1,10 +1,9 @@
 """Tracing as the policy configures it: one span per request (GenAI conventions) and its children.
 
-The spans themselves are ``gateway.observability.spans``: plain records on the event loop
-(a traced request costs a few microseconds there), handed to ``gateway.observability.otlp``,
-which encodes OTLP protobuf in chunks of records on the loop and sends it over HTTP or gRPC from
-its thread. The OpenTelemetry
-SDK is used only when a caller passes its own SDK ``SpanExporter`` (tests use the in-memory
+The spans themselves are ``gateway.observability.spans``: plain records on the event loop (no
+SDK span objects), handed to ``gateway.observability.otlp``, which encodes OTLP protobuf in
+chunks of records on the loop (records and encoding: ~55 us of loop time a traced request) and
+sends it over HTTP or gRPC from its thread. The OpenTelemetry SDK is used only when a caller passes its own SDK ``SpanExporter`` (tests use the in-memory
 one; an application embedding the gateway may pass any): the records are then turned into the
 SDK's ``ReadableSpan`` in the export thread (or at once with ``batch=False``).
 
