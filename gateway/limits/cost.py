@@ -11,6 +11,11 @@ Usage follows OpenAI: ``input`` counts every input token, cached ones included, 
 maps the Responses and Anthropic shapes onto it). Those are priced at ``cached_input_per_mtok`` (the input price when it is not
 given), the rest at ``input_per_mtok``, and ``completion_tokens`` at ``output_per_mtok``.
 
+An answer's token counts are believed up to ``MAX_TOKENS`` each (10**9, a thousand times the
+largest context windows): a count beyond it (an upstream's bug) makes the usage malformed, so
+the request is charged its estimate. Unbounded, one such answer would overflow the Prometheus
+counters (doubles) and leave the range where the Redis scripts' arithmetic is exact (2**53).
+
 Rounding happens only where a figure leaves the gateway as a float: Prometheus counters (USD
 as a double, about 16 significant digits). Headers and the usage report print exact decimals.
 """
@@ -23,6 +28,7 @@ from decimal import Decimal
 from typing import Any, TypeGuard
 
 PICO_PER_USD = 10**12
+MAX_TOKENS = 10**9  # the most one answer's usage may report per count (module comment)
 _PICO_PER_TOKEN_PER_MTOK = 10**6  # 1 USD per Mtok = 1e-6 USD per token = 1e6 pUSD per token
 
 
@@ -121,7 +127,7 @@ class Usage:
 
 
 def _count(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS
 
 
 def cost_pico(price: Price, usage: Usage) -> int:

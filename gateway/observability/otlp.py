@@ -80,6 +80,7 @@ def lazy(name: str, make: Callable[[Any], Mapping[str, Any]]) -> None:
 KIND_INTERNAL, KIND_SERVER, KIND_CLIENT = 1, 2, 3
 STATUS_UNSET, STATUS_ERROR = 0, 2
 _CACHE_MAX = 8192
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CHUNK = 32  # records encoded by one loop callback...
 _CHUNK_S = 0.001  # ...unless it has taken this long (an answer of 64 KiB takes ~0.3 ms to read)
@@ -112,6 +113,15 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+def _big_int_text(value: int) -> str:
+    """An integer beyond int64 (a caller's ``seed`` of 10**30) as text; one past the digits
+    Python prints (4,300) by its sign and size."""
+    try:
+        return str(value)
+    except ValueError:
+        return f"{'-' if value < 0 else ''}<integer of {value.bit_length()} bits>"
+
+
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2)."""
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
@@ -131,7 +141,9 @@ def _any_value(value: Any) -> bytes:
     if isinstance(value, bool):
         return b"\x10" + (b"\x01" if value else b"\x00")
     if isinstance(value, int):
-        return b"\x18" + _varint(value)
+        if _INT64_MIN <= value <= _INT64_MAX:
+            return b"\x18" + _varint(value)
+        return _field(1, _big_int_text(value).encode())  # int_value is an int64: as a string
     if isinstance(value, float):
         return b"\x21" + struct.pack("<d", value)
     if isinstance(value, str):

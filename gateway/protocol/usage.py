@@ -124,7 +124,9 @@ class UsageTap:
                 inner = obj.get("response") or obj.get("message")
                 raw = inner.get("usage") if isinstance(inner, dict) else None
             usage = Usage.read(raw)
-            if usage is None:
+            if usage is None:  # unreadable (counts past belief): the estimate is charged
+                if obj.get("choices") == [] and isinstance(obj.get("usage"), dict):
+                    return True  # still chat's usage-only chunk, which the client did not ask for
                 continue
             kind = obj.get("type")
             if kind == "message_start":

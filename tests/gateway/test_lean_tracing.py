@@ -466,3 +466,22 @@ def test_a_string_that_is_not_unicode_is_sent_replaced_not_lost() -> None:
     assert attrs(bad)["gen_ai.response.model"] == "x\ufffd"
     assert attrs(bad)["server.address"] == "h"
     assert attrs(bad)["error.type"] == "model_not_found"
+
+
+def test_an_integer_past_int64_is_sent_as_text_not_as_a_corrupt_varint() -> None:
+    # OTLP's int_value is an int64; JSON integers are unbounded (a caller's seed, an upstream's
+    # token count). Each value lands in the span's own attribute, the edges of int64 as ints.
+    sink = ListSink()
+    tracer = Tracer(sink)
+    values = {"seed": 10**30, "low": -(2**63) - 1, "top": 2**63 - 1, "bottom": -(2**63)}
+    rs = tracer.start_request(operation="chat", request_model="m", headers={})
+    rs.decision({**values, "list": [1, 2**64]})
+    rs.end(200)
+    _request(tracer, {}, 200)  # another request's spans, in the same batch
+    spans = sink.decoded()
+    assert len(spans) == 3
+    got = attrs(spans[0])
+    assert got["gateway.seed"] == str(10**30)
+    assert got["gateway.low"] == str(-(2**63) - 1)
+    assert (got["gateway.top"], got["gateway.bottom"]) == (2**63 - 1, -(2**63))
+    assert got["gateway.list"] == [1, str(2**64)]

@@ -7,6 +7,7 @@ from decimal import Decimal
 import pytest
 
 from gateway.limits.cost import (
+    MAX_TOKENS,
     Price,
     Usage,
     cost_pico,
@@ -69,6 +70,17 @@ def test_usage_of_chat_completions() -> None:
                 {"prompt_tokens": True}, {"prompt_tokens": 1, "completion_tokens": "2"})  # fmt: skip
     for bad in bads:
         assert Usage.read(bad) is None
+
+
+def test_usage_past_belief_is_malformed() -> None:
+    """A count past MAX_TOKENS is an upstream's bug: the request is charged its estimate."""
+    edge = {"prompt_tokens": MAX_TOKENS, "completion_tokens": MAX_TOKENS}
+    assert Usage.read(edge) == Usage(MAX_TOKENS, 0, MAX_TOKENS)
+    for field in ("prompt_tokens", "completion_tokens"):
+        assert Usage.read({**edge, field: MAX_TOKENS + 1}) is None
+        assert Usage.read({**edge, field: 10**400}) is None
+    anthropic = {"input_tokens": 1, "cache_read_input_tokens": 2**64, "output_tokens": 1}
+    assert Usage.read(anthropic) is None
 
 
 def test_usage_of_the_responses_and_messages_apis() -> None:

@@ -1,0 +1,236 @@
+"""Upstream answers a gateway must survive: JSON strings that are not valid Unicode (lone
+surrogates, written as ``\\ud800`` escapes, which ``json.loads`` accepts) through every surface,
+token counts past belief, and integers past what OTLP's int64 holds, as a caller's ``seed``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.fake_upstream import site_port
+from gateway.observability.otlp import Encoder, Exporter
+from gateway.observability.tracing import Telemetry
+from tests.cache.conftest import RedisServer
+from tests.conftest import GatewayFactory, pool_policy
+from tests.e2e.limits_helpers import KEYS, limits_policy
+
+ODD = "\\ud800"  # as the upstream's bytes spell it: a JSON escape of a lone surrogate
+USUAL_USAGE = '{"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}'
+
+
+def _odd(payload: dict[str, Any], usage: str) -> str:
+    """``payload`` as JSON with each ``@`` written as a lone surrogate's escape and ``usage``'s
+    text where the payload says ``"USAGE"``."""
+    return json.dumps(payload).replace("@", ODD).replace('"USAGE"', usage)
+
+
+def _answer(stream: bool, usage: str) -> list[bytes]:
+    head = {"id": "cmpl-@", "created": 1, "model": "fake-@"}
+    if not stream:
+        message = {"role": "assistant", "content": "a@b"}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        answer = {**head, "object": "chat.completion", "choices": [choice], "usage": "USAGE"}
+        return [_odd(answer, usage).encode()]
+    chunk = {**head, "object": "chat.completion.chunk"}
+    deltas = [({"role": "assistant", "content": "a@"}, None), ({"content": "b"}, "stop")]
+    events = [
+        {**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        for delta, finish in deltas
+    ]
+    events.append({**chunk, "choices": [], "usage": "USAGE"})
+    return [f"data: {_odd(e, usage)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
+
+
+@dataclass
+class OddUpstream:
+    url: str
+    usage: str = USUAL_USAGE  # the usage object's JSON text in every answer
+
+
+@pytest.fixture
+async def odd_upstream() -> AsyncIterator[OddUpstream]:
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            answer = _answer(False, upstream.usage)[0]
+            return web.Response(body=answer, content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for piece in _answer(True, upstream.usage):
+            await resp.write(piece)
+        await resp.write_eof()
+        return resp
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", health)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    upstream = OddUpstream(f"http://127.0.0.1:{site_port(site)}/v1")
+    yield upstream
+    await runner.cleanup()
+
+
+class Collector:
+    """An OTLP exporter's delivery that decodes each batch as a collector would."""
+
+    def __init__(self) -> None:
+        self.encoder = Encoder({"service.name": "test"})
+        self.spans: list[Span] = []
+
+    def deliver(self, encoded: list[bytes]) -> None:
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(self.encoder.request(encoded))  # raises on a corrupt batch
+        for resource in message.resource_spans:
+            for scope in resource.scope_spans:
+                self.spans.extend(scope.spans)
+
+    def telemetry(self) -> tuple[Telemetry, Exporter]:
+        exporter = Exporter(self.deliver, prepare=self.encoder.span)
+        return Telemetry(exporter, exporter=exporter), exporter
+
+
+# (path, body, how a whole streamed answer ends)
+CALLS: list[tuple[str, dict[str, Any], str]] = [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "data: [DONE]"),
+    ("/v1/responses", {"input": "hi"}, '"type":"response.completed"'),
+    (
+        "/v1/messages",
+        {"max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+        '"type":"message_stop"',
+    ),
+]
+
+
+@pytest.mark.parametrize("cached", [False, True])
+async def test_lone_surrogates_from_upstream_never_break_a_surface(
+    odd_upstream: OddUpstream, make_gateway: GatewayFactory, cached: bool
+) -> None:
+    """Each surface answers whole, streamed or not, live and (when cached) from the cache, and
+    every span is exported."""
+    collector = Collector()
+    telemetry, exporter = collector.telemetry()
+    surfaces = {"default": {"cache": {"exact": True}}} if cached else {}
+    policy = pool_policy([odd_upstream.url], surfaces=surfaces)
+    gw = await make_gateway(policy, telemetry=telemetry)
+    served: list[str] = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2):  # the second round is served from the cache when it is on
+            for path, body, end in CALLS:
+                for stream in (False, True):
+                    async with session.post(
+                        gw.root + path,
+                        json={"model": "m", "stream": stream, "temperature": 0, **body},
+                    ) as r:
+                        text = await r.text()
+                        assert r.status == 200, (path, stream, text)
+                        assert "a\\ud800" in text, text  # the escape, passed on as it came
+                        if stream:
+                            assert end in text, text
+                        else:
+                            json.loads(text)
+                        served.append(r.headers.get("x-gateway-cache", ""))
+            if cached:
+                await gw.runtime.cache.drain()  # type: ignore[union-attr]
+        async with session.get(gw.root + "/metrics") as r:
+            assert r.status == 200
+    assert exporter.force_flush()
+    assert exporter.dropped == 0
+    assert exporter.exported == len(collector.spans) >= 2 * len(served)  # a request's, an attempt's
+    if cached:
+        assert served[len(CALLS) * 2 :] == ["exact"] * (len(CALLS) * 2)
+
+
+# Counts no answer can have used: past MAX_TOKENS (10**9), past int64, past a double.
+BEYOND = ["10" + "0" * 29, "9223372036854775808", "9" * 400]
+
+
+@pytest.mark.parametrize("with_redis", [False, True])
+async def test_usage_past_belief_is_charged_as_estimated(
+    odd_upstream: OddUpstream,
+    make_gateway: GatewayFactory,
+    redis_server: RedisServer,
+    with_redis: bool,
+) -> None:
+    """An answer reporting more tokens than any answer can use is answered, and charged the
+    request's estimate (not the count, which would overflow the counters and the limit store's
+    exact range); /metrics keeps answering."""
+    rules = {"limits": {"tokens_per_minute": 1_000_000}, "budget": {"usd": 5, "window": "day"}}
+    redis_url = redis_server.url if with_redis else None
+    gw = await make_gateway(limits_policy(odd_upstream.url, redis_url, rules))
+    headers = {"Authorization": "Bearer " + KEYS["team-a"]}
+    request: dict[str, Any] = {
+        "model": "m",
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    async with aiohttp.ClientSession(headers=headers) as session:
+        for count in BEYOND:
+            odd_upstream.usage = f'{{"prompt_tokens": 3, "completion_tokens": {count}}}'
+            for stream in (False, True):
+                async with session.post(
+                    gw.base_url + "/chat/completions", json={**request, "stream": stream}
+                ) as r:
+                    assert r.status == 200, await r.text()
+                    text = await r.text()
+                    # Non-streamed, the answer as sent; streamed, the usage chunk the client
+                    # did not ask for is taken out, readable or not.
+                    assert (count in text) != stream, text
+                await gw.runtime.limiter.drain()
+        async with session.get(gw.root + "/metrics") as r:
+            assert r.status == 200
+            text = await r.text()
+    tokens = {
+        sample.labels["kind"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "llm_gateway_tokens"
+        for sample in family.samples
+        if sample.name == "llm_gateway_tokens_total"
+    }
+    # Six answers, each charged its estimate: at most max_tokens of output.
+    assert 0 < tokens["output"] <= 6 * 16, tokens
+
+
+async def test_a_seed_past_int64_keeps_the_trace_batch_valid(
+    odd_upstream: OddUpstream, make_gateway: GatewayFactory
+) -> None:
+    """OTLP's int_value is an int64: a caller's integer beyond it is sent as a string, not as a
+    varint that corrupts the batch (every tenant's spans in it)."""
+    collector = Collector()
+    telemetry, exporter = collector.telemetry()
+    gw = await make_gateway(pool_policy([odd_upstream.url]), telemetry=telemetry)
+    seeds = ["1" + "0" * 30, "-" + "9" * 25, "9223372036854775807"]
+    async with aiohttp.ClientSession() as session:
+        for seed in seeds:
+            body = '{"model": "m", "seed": %s, "messages": [{"role": "user", "content": "x"}]}'
+            async with session.post(
+                gw.base_url + "/chat/completions",
+                data=(body % seed).encode(),
+                headers={"Content-Type": "application/json"},
+            ) as r:
+                assert r.status == 200, await r.text()
+    assert exporter.force_flush()
+    assert exporter.dropped == 0
+    sent = [
+        attribute.value
+        for span in collector.spans
+        for attribute in span.attributes
+        if attribute.key == "gen_ai.request.seed"
+    ]
+    assert [v.string_value for v in sent[:2]] == seeds[:2]
+    assert sent[2].int_value == 2**63 - 1
