@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.conversations import RecordTooLarge, ResponseStore, StoredResponse, StoreUnavailable
+from gateway.errors import error_bytes
 from gateway.protocol import anthropic_messages_output as messages_out
+from gateway.protocol import upstream_json
 from gateway.protocol.anthropic_messages import MessagesRequest
 from gateway.protocol.anthropic_messages_stream import MessagesStream
+from gateway.protocol.chat_events import UNREADABLE
 from gateway.protocol.openai import Endpoint, ParsedRequest
 from gateway.protocol.relayed import (
     MESSAGES_END,
@@ -33,6 +36,7 @@ from gateway.protocol.responses_stream import ResponsesStream
 from gateway.upstream.out import ClientStream
 
 log = logging.getLogger("llm_gateway.dialects")
+_UNREADABLE_ANSWER = "the upstream's answer could not be read"
 
 
 def chat_request(chat: dict[str, Any], model: str, stream: bool) -> ParsedRequest:
@@ -61,10 +65,14 @@ class ResponsesCall:
         if status != 200 or self.passthrough is not None:
             return status, body  # errors are OpenAI's shape in both APIs
         try:
-            answer = json.loads(body)
+            answer = upstream_json.loads(body)
         except ValueError:
-            return status, body
-        self.final = from_chat_completion(answer, self.request, self.response_id)
+            return 502, error_bytes(_UNREADABLE_ANSWER, "upstream_error", "bad_gateway")
+        try:
+            self.final = from_chat_completion(answer, self.request, self.response_id)
+        except UNREADABLE as exc:
+            log.warning("an upstream answer could not be re-told: %r", exc)
+            return 502, error_bytes(_UNREADABLE_ANSWER, "upstream_error", "bad_gateway")
         return status, json.dumps(self.final).encode()
 
     def stream(self) -> ClientStream:
@@ -111,12 +119,16 @@ class MessagesCall:
         if status != 200:
             return messages_out.from_openai_error(status, body)
         try:
-            answer = json.loads(body)
+            answer = upstream_json.loads(body)
         except ValueError:
-            return 502, json.dumps(messages_out.error_body(502, "bad upstream answer")).encode()
-        message = messages_out.from_chat_completion(
-            answer, self.request.model, self.request.stop_sequences
-        )
+            return 502, json.dumps(messages_out.error_body(502, _UNREADABLE_ANSWER)).encode()
+        try:
+            message = messages_out.from_chat_completion(
+                answer, self.request.model, self.request.stop_sequences
+            )
+        except UNREADABLE as exc:
+            log.warning("an upstream answer could not be re-told: %r", exc)
+            return 502, json.dumps(messages_out.error_body(502, _UNREADABLE_ANSWER)).encode()
         return status, json.dumps(message).encode()
 
     def stream(self) -> ClientStream:

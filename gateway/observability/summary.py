@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.protocol import upstream_json
 from gateway.protocol.sse import DONE, EventSplitter, payloads
 
 _NULL_FINISH = (b'"finish_reason":null', b'"finish_reason": null')
@@ -66,7 +67,7 @@ class ResponseSummary:
 def summarize_body(body: bytes, collect_text: bool = False) -> ResponseSummary:
     summary = ResponseSummary()
     with contextlib.suppress(UnicodeDecodeError, json.JSONDecodeError):
-        summary.absorb(json.loads(body), collect_text)
+        summary.absorb(upstream_json.loads(body), collect_text)
     return summary
 
 
@@ -96,7 +97,7 @@ class StreamSummarizer:
             if payload == DONE:
                 continue
             try:
-                obj = json.loads(payload)
+                obj = upstream_json.loads(payload)
             except (UnicodeDecodeError, json.JSONDecodeError):
                 continue
             self._seen_first = True

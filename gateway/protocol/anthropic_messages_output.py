@@ -26,7 +26,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.protocol.responses_output import reasoning_text
+from gateway.protocol import upstream_json
+from gateway.protocol.responses_output import dicts, reasoning_text
 
 STOP_REASONS = {
     "stop": "end_turn",
@@ -73,7 +74,8 @@ def usage(counts: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    """A count as the client may see it: a non-negative integer, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def stop_reason(
@@ -91,7 +93,7 @@ def tool_input(arguments: Any) -> dict[str, Any]:
     if not isinstance(arguments, str) or not arguments.strip():
         return {}
     try:
-        value = json.loads(arguments)
+        value = upstream_json.loads(arguments)
     except ValueError:
         return {"arguments": arguments}
     return value if isinstance(value, dict) else {"arguments": value}
@@ -108,10 +110,9 @@ def content_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     refusal = message.get("refusal")
     if isinstance(refusal, str) and refusal:
         blocks.append({"type": "text", "text": refusal})
-    for call in message.get("tool_calls") or ():
-        if not isinstance(call, dict):
-            continue
-        function = call.get("function") or {}
+    for call in dicts(message.get("tool_calls")):
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
         blocks.append(
             {
                 "type": "tool_use",
@@ -163,7 +164,7 @@ def from_openai_error(status: int, raw: bytes) -> tuple[int, bytes]:
     """An OpenAI-format error (the gateway's or an upstream's) as Anthropic's."""
     message = None
     try:
-        data = json.loads(raw)
+        data = upstream_json.loads(raw)
     except (UnicodeDecodeError, ValueError):
         data = None
     error = data.get("error") if isinstance(data, dict) else None

@@ -20,6 +20,7 @@ from typing import Any
 
 from gateway.protocol.anthropic_messages_output import new_message_id, stop_reason, usage
 from gateway.protocol.chat_events import ChatEvents, retell
+from gateway.protocol.responses_output import dicts
 from gateway.protocol.sse import encode_named
 
 
@@ -80,13 +81,13 @@ class MessagesStream:
     def _chunk(self, chunk: dict[str, Any], out: list[bytes]) -> None:
         if isinstance(chunk.get("usage"), dict):
             self.usage = usage(chunk["usage"])
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+        for choice in dicts(chunk.get("choices")):
+            if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta")
             if isinstance(delta, dict):
                 self._delta(delta, out)
-            if choice.get("finish_reason"):
+            if isinstance(choice.get("finish_reason"), str) and choice["finish_reason"]:
                 self._finish = choice["finish_reason"]
                 self._matched = choice.get("stop_reason")
 
@@ -100,9 +101,8 @@ class MessagesStream:
             text = delta.get(name)
             if isinstance(text, str) and text:
                 self._text(out, "text", text)
-        for call in delta.get("tool_calls") or ():
-            if isinstance(call, dict):
-                self._tool_call(call, out)
+        for call in dicts(delta.get("tool_calls")):
+            self._tool_call(call, out)
 
     def _text(self, out: list[bytes], kind: str, text: str) -> None:
         if self._open != kind:

@@ -8,14 +8,19 @@ comment, a keep-alive) is skipped.
 
 from __future__ import annotations
 
-import json
+import logging
 from collections.abc import Callable
 from typing import Any, Final
 
+from gateway.protocol import upstream_json
 from gateway.protocol.sse import DONE as DONE_PAYLOAD
 from gateway.protocol.sse import EventSplitter, payloads
 
 DONE: Final = "[DONE]"
+# What a translator's reading of an odd chunk can raise (a list where an object belongs, a
+# structure too deep to write back as JSON...).
+UNREADABLE: Final = (LookupError, TypeError, AttributeError, ValueError, RecursionError)
+log = logging.getLogger("llm_gateway.dialects")
 
 
 class ChatEvents:
@@ -32,7 +37,7 @@ class ChatEvents:
                     out.append(DONE)
                     continue
                 try:
-                    obj = json.loads(payload)
+                    obj = upstream_json.loads(payload)
                 except ValueError:
                     continue
                 if isinstance(obj, dict):
@@ -51,7 +56,10 @@ def retell(
 ) -> None:
     """Hand each whole event of ``data`` to the translator's handler until ``finished()``:
     ``[DONE]`` to ``complete``, an upstream error object to ``fail`` (with its message), every
-    other chunk to ``chunk``. The one reading of a chat stream that other APIs re-tell."""
+    other chunk to ``chunk``. The one reading of a chat stream that other APIs re-tell. A chunk
+    the handler cannot read (the translators check the shapes they use; this is the net under
+    them) ends the stream with ``fail``: the client reads an error event in its own API, not a
+    stream cut off mid-event."""
     for event in events.feed(data):
         if finished():
             break
@@ -62,4 +70,8 @@ def retell(
                 error = event["error"] if isinstance(event["error"], dict) else {}
                 fail(str(error.get("message") or "upstream error"))
             else:
-                chunk(event)
+                try:
+                    chunk(event)
+                except UNREADABLE as exc:
+                    log.warning("an upstream stream chunk could not be re-told: %r", exc)
+                    fail("the upstream sent a stream chunk the gateway could not read")

@@ -47,7 +47,13 @@ def usage(counts: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    """A count as the client may see it: a non-negative integer, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def dicts(value: Any) -> list[dict[str, Any]]:
+    """The objects of a list an upstream sent (tool calls, choices...): nothing else of it."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
 def reasoning_text(message: Mapping[str, Any]) -> str | None:
@@ -79,8 +85,7 @@ def logprobs(choice_logprobs: Any) -> list[dict[str, Any]]:
             continue
         top = [
             {"token": t.get("token"), "logprob": t.get("logprob"), "bytes": t.get("bytes") or []}
-            for t in entry.get("top_logprobs") or ()
-            if isinstance(t, dict)
+            for t in dicts(entry.get("top_logprobs"))
         ]
         out.append(
             {
@@ -136,11 +141,12 @@ def output_items(message: Mapping[str, Any], choice_logprobs: Any = None) -> lis
     content = message.get("content")
     text = content if isinstance(content, str) else ""
     refusal = message.get("refusal") if isinstance(message.get("refusal"), str) else None
-    calls = message.get("tool_calls") or []
+    calls = dicts(message.get("tool_calls"))
     if text or refusal is not None or not calls:
         items.append(message_item(text, refusal, token_logprobs=logprobs(choice_logprobs)))
     for call in calls:
-        function = call.get("function") or {}
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
         items.append(
             function_call_item(
                 str(call.get("id") or new_id("call")),
@@ -186,11 +192,11 @@ def skeleton(
 def finish(
     response: dict[str, Any],
     output: list[dict[str, Any]],
-    finish_reason: str | None,
+    finish_reason: Any,
     counts: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     """``response`` completed (or incomplete) with ``output`` and usage; returns it."""
-    reason = _INCOMPLETE.get(finish_reason or "")
+    reason = _INCOMPLETE.get(finish_reason) if isinstance(finish_reason, str) else None
     response["status"] = "incomplete" if reason else "completed"
     response["incomplete_details"] = {"reason": reason} if reason else None
     response["output"] = output

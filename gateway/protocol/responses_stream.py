@@ -25,6 +25,7 @@ from typing import Any
 from gateway.protocol.chat_events import ChatEvents, retell
 from gateway.protocol.responses import ResponsesRequest, new_id
 from gateway.protocol.responses_output import (
+    dicts,
     finish,
     function_call_item,
     logprobs,
@@ -104,13 +105,13 @@ class ResponsesStream:
             self.response["model"] = chunk["model"]
         if isinstance(chunk.get("usage"), dict):
             self._usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+        for choice in dicts(chunk.get("choices")):
+            if choice.get("index", 0) != 0:
                 continue  # Responses has one output: only the first choice is told
             delta = choice.get("delta")
             if isinstance(delta, dict):
                 self._delta(delta, out, logprobs(choice.get("logprobs")))
-            if choice.get("finish_reason"):
+            if isinstance(choice.get("finish_reason"), str) and choice["finish_reason"]:
                 self._finish = choice["finish_reason"]
 
     def _delta(self, delta: dict[str, Any], out: list[bytes], tokens: list[dict[str, Any]]) -> None:
@@ -125,9 +126,8 @@ class ResponsesStream:
         refusal = delta.get("refusal")
         if isinstance(refusal, str) and refusal:
             self._text(out, "message", "refusal", refusal)
-        for call in delta.get("tool_calls") or ():
-            if isinstance(call, dict):
-                self._tool_call(call, out)
+        for call in dicts(delta.get("tool_calls")):
+            self._tool_call(call, out)
 
     def _text(
         self,

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.limits.cost import Usage
+from gateway.protocol import upstream_json
 from gateway.protocol.openai import ParsedRequest
 from gateway.protocol.sse import EventSplitter, payloads
 
@@ -38,12 +39,12 @@ def usage_in(body: bytes) -> dict[str, Any] | None:
         if rest.startswith(b":"):
             try:
                 value, _ = _DECODER.raw_decode(rest[1:].lstrip().decode("utf-8"))
-            except (UnicodeDecodeError, ValueError):
+            except (UnicodeDecodeError, ValueError, RecursionError):
                 value = None
             if isinstance(value, dict):
                 return value
     try:
-        data = json.loads(body)
+        data = upstream_json.loads(body)
     except (UnicodeDecodeError, ValueError):
         return None
     usage = data.get("usage") if isinstance(data, dict) else None
@@ -114,7 +115,7 @@ class UsageTap:
         ``message.usage``: the input) then ``message_delta`` (the output so far)."""
         for payload in payloads(event):
             try:
-                obj = json.loads(payload)
+                obj = upstream_json.loads(payload)
             except (UnicodeDecodeError, json.JSONDecodeError):
                 continue
             if not isinstance(obj, dict):

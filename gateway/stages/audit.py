@@ -17,6 +17,7 @@ from cache.audit import AuditBook, answer_text, answers_agree, needs_exact
 from cache.calibration import CalibrationTable, PrecisionTable
 from cache.gate import audit_key
 from gateway.call import Call
+from gateway.protocol import upstream_json
 from gateway.protocol.openai import ParsedRequest
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ async def _ask_again(call: Call, targets: list[Destination], opener: AttemptOpen
 
 def _tokens(body: bytes) -> int:
     try:
-        usage = json.loads(body).get("usage") or {}
+        usage = upstream_json.loads(body).get("usage") or {}
         return int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
     except (ValueError, AttributeError, TypeError):
         return 0

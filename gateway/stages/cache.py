@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.call import Call
+from gateway.protocol import upstream_json
 from gateway.protocol.answers import assemble, finished, render_json
 from gateway.protocol.openai import Endpoint
 from gateway.protocol.sse import DONE, EventSplitter, payloads
@@ -76,7 +77,7 @@ class StreamCapture:
                 done = True
                 continue
             try:
-                obj = json.loads(payload)
+                obj = upstream_json.loads(payload)
             except ValueError:
                 return None
             if isinstance(obj, dict):
@@ -94,7 +95,7 @@ def storable(body: bytes | None) -> Callable[[], bytes | None]:
         if body is None:
             return None
         try:
-            data = json.loads(body)
+            data = upstream_json.loads(body)
         except ValueError:
             return None
         return body if isinstance(data, dict) and finished(data) else None

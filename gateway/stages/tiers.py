@@ -34,6 +34,7 @@ from typing import Any
 from gateway.call import Call
 from gateway.errors import GatewayError, Unavailable
 from gateway.limits.cost import Usage
+from gateway.protocol import upstream_json
 from gateway.protocol.openai import Endpoint, ParsedRequest
 from gateway.protocol.sse import DONE, EventSplitter, payloads
 from gateway.runtime import Destination
@@ -174,7 +175,7 @@ async def _read_all(attempt: Attempt, deadline: float | None, max_bytes: int) ->
 
 def _answer_of(body: bytes, endpoint: Endpoint) -> tuple[SmallAnswer, Usage | None]:
     try:
-        data = json.loads(body)
+        data = upstream_json.loads(body)
         choice = data["choices"][0]
     except (ValueError, KeyError, IndexError, TypeError):
         return SmallAnswer("", finish_reason="error"), None
@@ -217,7 +218,7 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
                     done = True
                     continue
                 try:
-                    choice = json.loads(payload)["choices"][0]
+                    choice = upstream_json.loads(payload)["choices"][0]
                 except (ValueError, KeyError, IndexError, TypeError):
                     continue
                 text = (

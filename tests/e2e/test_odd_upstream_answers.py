@@ -5,6 +5,7 @@ token counts past belief, and integers past what OTLP's int64 holds, as a caller
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -54,18 +55,38 @@ def _answer(stream: bool, usage: str) -> list[bytes]:
 class OddUpstream:
     url: str
     usage: str = USUAL_USAGE  # the usage object's JSON text in every answer
+    raw: str | None = None  # else the whole answer (streamed: one chunk between good ones)
+
+
+GOOD_CHUNKS = [
+    {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+     "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}}]},
+    {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+     "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+]  # fmt: skip
+
+
+def _raw_answer(stream: bool, raw: str) -> list[bytes]:
+    if not stream:
+        return [raw.encode()]
+    first, last = (f"data: {json.dumps(c)}\n\n".encode() for c in GOOD_CHUNKS)
+    return [first, f"data: {raw}\n\n".encode(), last, b"data: [DONE]\n\n"]
 
 
 @pytest.fixture
 async def odd_upstream() -> AsyncIterator[OddUpstream]:
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        if not body.get("stream"):
-            answer = _answer(False, upstream.usage)[0]
-            return web.Response(body=answer, content_type="application/json")
+        stream = bool(body.get("stream"))
+        if upstream.raw is None:
+            pieces = _answer(stream, upstream.usage)
+        else:
+            pieces = _raw_answer(stream, upstream.raw)
+        if not stream:
+            return web.Response(body=pieces[0], content_type="application/json")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for piece in _answer(True, upstream.usage):
+        for piece in pieces:
             await resp.write(piece)
         await resp.write_eof()
         return resp
@@ -234,3 +255,71 @@ async def test_a_seed_past_int64_keeps_the_trace_batch_valid(
     ]
     assert [v.string_value for v in sent[:2]] == seeds[:2]
     assert sent[2].int_value == 2**63 - 1
+
+
+DEEP = "[" * 9999 + "]" * 9999
+# Answers of the right status and the wrong shapes: a list or a number where an object or a
+# list belongs, an unhashable finish reason, negative counts.
+MISSHAPEN_ANSWERS = [
+    '{"choices": [{"message": {"content": "x", "tool_calls": "bad"}}]}',
+    '{"choices": [{"message": {"tool_calls": 5}}]}',
+    '{"choices": [{"message": {"tool_calls": [{"function": "x"}, 7, null]}}]}',
+    '{"choices": [{"message": {"content": "x"}, "finish_reason": ["length"]}]}',
+    '{"choices": [{"message": {"content": "x"}, "logprobs": {"content": [{"top_logprobs": 5}]}}]}',
+    '{"choices": 5, "usage": {"prompt_tokens": -4, "completion_tokens": 2}}',
+    '{"choices": [null, "x"], "usage": 7, "created": "x", "model": []}',
+    # Nesting deeper than json.loads's stack: valid JSON, which it fails with a RecursionError.
+    '{"choices": [{"message": {"content": "x"}}], "deep": ' + DEEP + "}",
+    '{"choices": [{"message": {"content": "x"}, "logprobs": {"content": [{"bytes": '
+    + DEEP
+    + "}]}}]}",
+    '{"choices": [{"message": {"tool_calls": [{"function": {"arguments": "'
+    + DEEP[:9999]
+    + '"}}]}}]}',
+]
+MISSHAPEN_CHUNKS = [
+    '{"choices": 5}',
+    '{"choices": [{"delta": {"tool_calls": 5}}]}',
+    '{"choices": [{"delta": {"tool_calls": [{"index": 0, "function": "x"}, 3]}}]}',
+    '{"choices": [{"delta": {}, "finish_reason": ["x"]}]}',
+    '{"choices": [{"delta": {"content": "x"}, "logprobs": {"content": [{"top_logprobs": 5}]}}]}',
+    '{"choices": [], "usage": {"prompt_tokens": -1, "completion_tokens": "x"}}',
+    '{"choices": [{"delta": {"content": "x"}}], "deep": ' + DEEP + "}",
+]
+
+
+@pytest.mark.parametrize(
+    ("stream", "raw"),
+    [(False, a) for a in MISSHAPEN_ANSWERS] + [(True, c) for c in MISSHAPEN_CHUNKS],
+    ids=[f"answer{i}" for i in range(len(MISSHAPEN_ANSWERS))]
+    + [f"chunk{i}" for i in range(len(MISSHAPEN_CHUNKS))],
+)
+async def test_misshapen_answers_are_re_told_or_refused_never_a_500(
+    odd_upstream: OddUpstream,
+    make_gateway: GatewayFactory,
+    caplog: pytest.LogCaptureFixture,
+    stream: bool,
+    raw: str,
+) -> None:
+    """Through each API: a whole answer is re-told or refused with a 502 in the caller's
+    format; a stream reaches its final event (or its API's error event), never cut off by an
+    error of the gateway's own. Counts the client reads are never negative."""
+    odd_upstream.raw = raw
+    gw = await make_gateway(pool_policy([odd_upstream.url]))
+    async with aiohttp.ClientSession() as session:
+        for path, body, end in CALLS:
+            async with session.post(
+                gw.root + path, json={"model": "m", "stream": stream, **body}
+            ) as r:
+                text = await r.text()
+            assert r.status in (200, 502), (path, r.status, text)
+            assert '_tokens": -' not in text or path.endswith("completions"), text
+            if r.status == 502:
+                assert "could not be read" in text, text
+            elif stream:
+                assert end in text or '"type":"error"' in text or "response.failed" in text, text
+            elif path.endswith("completions"):
+                assert text == raw  # chat answers pass on as they came
+            else:
+                assert isinstance(json.loads(text), dict)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -25,10 +25,10 @@ Fields that do not change what a correct answer is (``seed``, ``store``, ``metad
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gateway.errors import BadRequest
+from gateway.protocol import upstream_json
 from gateway.upstream.providers.anthropic_options import (
     document,
     structured_output,
@@ -248,7 +248,7 @@ def _tool_use(call: Any, where: str) -> dict[str, Any]:
         )
     arguments = function.get("arguments") or "{}"
     try:
-        args = json.loads(arguments) if isinstance(arguments, str) else None
+        args = upstream_json.loads(arguments) if isinstance(arguments, str) else None
     except ValueError:
         args = None
     if not isinstance(args, dict):

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import error_body
+from gateway.protocol import upstream_json
 
 FINISH_REASONS = {
     "end_turn": "stop",
@@ -136,7 +137,7 @@ def openai_error(status: int, raw: bytes) -> dict[str, Any]:
     """OpenAI's error JSON for an Anthropic error body (or for whatever answered instead)."""
     kind, message = None, None
     try:
-        data = json.loads(raw)
+        data = upstream_json.loads(raw)
     except (UnicodeDecodeError, ValueError):
         data = None
     error = data.get("error") if isinstance(data, dict) else None
@@ -152,7 +153,7 @@ def translate_body(status: int, raw: bytes, format_tool: str | None = None) -> t
     if status != 200:
         return status, json.dumps(openai_error(status, raw)).encode()
     try:
-        data = json.loads(raw)
+        data = upstream_json.loads(raw)
         return 200, json.dumps(chat_completion(data, format_tool=format_tool)).encode()
     except (UnicodeDecodeError, ValueError, AttributeError):
         body = error_body("the Anthropic API answered 200 without a message", "upstream_error", 502)

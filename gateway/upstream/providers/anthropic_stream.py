@@ -28,6 +28,7 @@ import json
 import time
 from typing import Any
 
+from gateway.protocol import upstream_json
 from gateway.upstream.client import UpstreamStreamError
 from gateway.upstream.providers.anthropic_response import finish_reason, usage
 
@@ -83,7 +84,7 @@ class AnthropicStream:
 
     def _event(self, payload: bytes, out: list[bytes]) -> None:
         try:
-            event = json.loads(payload)
+            event = upstream_json.loads(payload)
         except ValueError as exc:
             raise UpstreamStreamError(
                 "the Anthropic stream sent an event that is not JSON"

@@ -134,10 +134,12 @@ def test_tool_round_trip_history() -> None:
 
 
 def test_bad_tool_call_arguments_name_the_field() -> None:
-    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{not json"}}
-    with pytest.raises(BadRequest) as info:
-        translate(chat(USER, {"role": "assistant", "tool_calls": [call]}))
-    assert info.value.param == "messages[1].tool_calls[0].function.arguments"
+    # Not JSON; and JSON nested past json.loads's stack (a RecursionError, once a 500).
+    for arguments in ("{not json", '{"a": ' + "[" * 50_000 + "]" * 50_000 + "}"):
+        call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+        with pytest.raises(BadRequest) as info:
+            translate(chat(USER, {"role": "assistant", "tool_calls": [call]}))
+        assert info.value.param == "messages[1].tool_calls[0].function.arguments"
     with pytest.raises(BadRequest) as info:
         translate(chat(USER, {"role": "tool", "content": "x"}))
     assert info.value.param == "messages[1].tool_call_id"
