@@ -67,8 +67,15 @@ def usage(counts: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _count(counts: Mapping[str, Any], key: str) -> int:
+    """A count as a chat client may see it: a non-negative integer, else 0."""
     value = counts.get(key)
-    return value if isinstance(value, int) else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def text_field(block: Mapping[str, Any], key: str) -> str:
+    """A field that chat clients read as a string (a tool call's id, its name), else ""."""
+    value = block.get(key)
+    return value if isinstance(value, str) else ""
 
 
 def chat_completion(
@@ -97,10 +104,10 @@ def chat_completion(
         elif kind == "tool_use":
             calls.append(
                 {
-                    "id": block.get("id"),
+                    "id": text_field(block, "id"),
                     "type": "function",
                     "function": {
-                        "name": block.get("name"),
+                        "name": text_field(block, "name"),
                         "arguments": json.dumps(block.get("input") or {}),
                     },
                 }

@@ -30,7 +30,7 @@ from typing import Any
 
 from gateway.protocol import upstream_json
 from gateway.upstream.client import UpstreamStreamError
-from gateway.upstream.providers.anthropic_response import finish_reason, usage
+from gateway.upstream.providers.anthropic_response import finish_reason, text_field, usage
 
 _DONE = b"data: [DONE]\n\n"
 _THINKING = -4  # a thinking block (reasoning_content)
@@ -127,11 +127,11 @@ class AnthropicStream:
         kind = block.get("type")
         if kind == "text":
             self._blocks[index] = _TEXT
-            if block.get("text"):
+            if isinstance(block.get("text"), str) and block["text"]:
                 self._chunk(out, {"content": block["text"]})
         elif kind == "thinking":
             self._blocks[index] = _THINKING
-            if block.get("thinking"):
+            if isinstance(block.get("thinking"), str) and block["thinking"]:
                 self._chunk(out, {"reasoning_content": block["thinking"]})
         elif kind == "tool_use" and self._format_tool and block.get("name") == self._format_tool:
             self._blocks[index] = _FORMAT
@@ -144,9 +144,9 @@ class AnthropicStream:
             start = block.get("input")
             call = {
                 "index": tool,
-                "id": block.get("id"),
+                "id": text_field(block, "id"),
                 "type": "function",
-                "function": {"name": block.get("name"), "arguments": ""},
+                "function": {"name": text_field(block, "name"), "arguments": ""},
             }
             self._chunk(out, {"tool_calls": [call]})
             if start:  # a complete input up front (no input_json_delta will follow)

@@ -123,6 +123,38 @@ def test_a_200_that_is_no_message_becomes_502() -> None:
     assert ok_status == 200 and json.loads(ok)["object"] == "chat.completion"
 
 
+def test_fields_of_the_wrong_type_never_reach_a_chat_client() -> None:
+    """Counts are non-negative integers and tool ids and names strings, whatever came."""
+    odd = {**MESSAGE, "usage": {"input_tokens": -3, "output_tokens": True,
+                                "cache_read_input_tokens": "5"},
+           "content": [{"type": "text", "text": 5},
+                       {"type": "tool_use", "id": 5, "name": [], "input": {}}]}  # fmt: skip
+    answer = chat_completion(odd)
+    assert answer["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    message = answer["choices"][0]["message"]
+    assert message["content"] is None
+    assert message["tool_calls"][0]["id"] == ""
+    assert message["tool_calls"][0]["function"] == {"name": "", "arguments": "{}"}
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": -1}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": 5}},
+        {"type": "content_block_start", "index": 1,
+         "content_block": {"type": "tool_use", "id": 7, "name": {}, "input": {}}},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+         "usage": {"output_tokens": -2}},
+        {"type": "message_stop"},
+    ]  # fmt: skip
+    chunks, done = chunks_of(
+        AnthropicStream(include_usage=True).feed(b"".join(sse(e) for e in events))
+    )
+    assert done
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert not [d for d in deltas if d.get("content")]  # the 5 is not text
+    (call,) = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert (call["id"], call["function"]["name"]) == ("", "")
+    assert chunks[-1]["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
+
 # --- streams --------------------------------------------------------------------------------
 
 
