@@ -179,12 +179,27 @@ def _answer_of(body: bytes, endpoint: Endpoint) -> tuple[SmallAnswer, Usage | No
         choice = data["choices"][0]
     except (ValueError, KeyError, IndexError, TypeError):
         return SmallAnswer("", finish_reason="error"), None
-    if endpoint is Endpoint.CHAT:
-        text = (choice.get("message") or {}).get("content") or ""
-    else:
-        text = choice.get("text") or ""
+    if not isinstance(choice, dict):
+        return SmallAnswer("", finish_reason="error"), None
     usage = Usage.read(data.get("usage"))
-    return SmallAnswer(text, _logprobs(choice), choice.get("finish_reason")), usage
+    finish = choice.get("finish_reason")
+    return SmallAnswer(
+        _text(choice, endpoint, "message"),
+        _logprobs(choice),
+        finish if isinstance(finish, str) else None,
+    ), usage
+
+
+def _text(choice: dict[str, Any], endpoint: Endpoint, holder: str) -> str:
+    """The text of a choice (chat: in its ``message`` or ``delta``); "" when it has none, or
+    something else than a string there."""
+    part = choice.get(holder) if endpoint is Endpoint.CHAT else choice
+    text = (
+        part.get("content" if endpoint is Endpoint.CHAT else "text")
+        if isinstance(part, dict)
+        else None
+    )
+    return text if isinstance(text, str) else ""
 
 
 def _logprobs(choice: dict[str, Any]) -> list[float] | None:
@@ -192,11 +207,22 @@ def _logprobs(choice: dict[str, Any]) -> list[float] | None:
     if isinstance(lp, dict):
         content = lp.get("content")
         if isinstance(content, list):  # chat
-            return [float(t["logprob"]) for t in content if isinstance(t, dict) and "logprob" in t]
+            return [
+                float(t["logprob"])
+                for t in content
+                if isinstance(t, dict) and _number(t.get("logprob"))
+            ]
         tokens = lp.get("token_logprobs")
         if isinstance(tokens, list):  # completions
-            return [float(t) for t in tokens if isinstance(t, (int, float))]
+            return [float(t) for t in tokens if _number(t)]
     return None
+
+
+def _number(value: Any) -> bool:
+    """A logprob ``float`` takes: a float, or an integer a double holds."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return -(2**53) <= value <= 2**53
+    return isinstance(value, float)
 
 
 async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -> SmallAnswer:
@@ -221,14 +247,13 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
                     choice = upstream_json.loads(payload)["choices"][0]
                 except (ValueError, KeyError, IndexError, TypeError):
                     continue
-                text = (
-                    (choice.get("delta") or {}).get("content")
-                    if endpoint is Endpoint.CHAT
-                    else choice.get("text")
-                )
+                if not isinstance(choice, dict):
+                    continue
+                text = _text(choice, endpoint, "delta")
                 if text:
                     pieces.append(text)
-                finish = choice.get("finish_reason") or finish
+                reason = choice.get("finish_reason")
+                finish = reason if isinstance(reason, str) and reason else finish
 
     scan(splitter.feed(b"".join(held)))
     remaining = None if call.deadline is None else call.deadline - time.perf_counter()

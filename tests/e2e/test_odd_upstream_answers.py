@@ -21,7 +21,7 @@ from bench.fake_upstream import site_port
 from gateway.observability.otlp import Encoder, Exporter
 from gateway.observability.tracing import Telemetry
 from tests.cache.conftest import RedisServer
-from tests.conftest import GatewayFactory, pool_policy
+from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy, vllm
 from tests.e2e.limits_helpers import KEYS, limits_policy
 
 ODD = "\\ud800"  # as the upstream's bytes spell it: a JSON escape of a lone surrogate
@@ -322,4 +322,45 @@ async def test_misshapen_answers_are_re_told_or_refused_never_a_500(
                 assert text == raw  # chat answers pass on as they came
             else:
                 assert isinstance(json.loads(text), dict)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+SMALL_TIER_ANSWERS = [
+    *MISSHAPEN_ANSWERS,
+    '{"choices": ["x"]}',
+    '{"choices": [{"message": "x"}]}',
+    '{"choices": [{"message": {"content": 5}, "finish_reason": 3}]}',
+    '{"choices": [{"message": {"content": "12"}, "logprobs": {"content": [{"logprob": "x"},'
+    ' {"logprob": null}, {"logprob": ' + "9" * 400 + "}]}}]}",
+]
+
+
+@pytest.mark.parametrize(
+    ("stream", "raw"),
+    [(False, a) for a in SMALL_TIER_ANSWERS] + [(True, c) for c in MISSHAPEN_CHUNKS],
+    ids=[f"answer{i}" for i in range(len(SMALL_TIER_ANSWERS))]
+    + [f"chunk{i}" for i in range(len(MISSHAPEN_CHUNKS))],
+)
+async def test_a_cascade_judges_a_misshapen_small_answer_never_a_500(
+    odd_upstream: OddUpstream,
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    caplog: pytest.LogCaptureFixture,
+    stream: bool,
+    raw: str,
+) -> None:
+    """The small tier's answer (whole, or its stream held to a commit point) is judged, kept or
+    escalated; a shape it cannot read never fails the request."""
+    odd_upstream.raw = raw
+    large = await make_fake(reply="large")
+    commit = {"tokens": 4} if stream else {"tokens": "whole"}
+    tiers = {"tiers": ["small", "large"], "mode": "cascade", "commit": commit}
+    backends = {"small": vllm(odd_upstream.url), "large": vllm(large.url)}
+    gw = await make_gateway(build_policy(backends, {"auto": tiers}))
+    async with aiohttp.ClientSession() as session:
+        body = {"model": "auto", "stream": stream, "messages": [{"role": "user", "content": "2+2"}]}
+        async with session.post(gw.base_url + "/chat/completions", json=body) as r:
+            text = await r.text()
+    assert r.status == 200, text
+    assert r.headers["x-gateway-tier"] in ("small", "large")
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
