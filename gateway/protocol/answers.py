@@ -10,8 +10,10 @@ cache hits alike.
 ``assemble`` does the reverse: it adds streamed chunk objects up to the complete answer they
 make (content, reasoning, refusal, tool calls merged by ``index``, logprobs concatenated,
 the last usage seen), or None when the stream did not finish or carried an error.
-``finished`` says whether an answer is complete and successful: every choice ended for a
-normal reason.
+``finished`` says whether an answer is complete, successful and well formed: every choice
+ended for a normal reason, and holds its text (and tool calls) in the types clients read. Both
+give up (None, False) on an answer of any other shape: what they judge is what the cache may
+store and serve again.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ _FINISHED = frozenset({"stop", "length", "tool_calls", "function_call", "content
 _NORMAL_FINISH = frozenset({"stop", "length", "tool_calls", "function_call"})
 _HEAD = ("id", "created", "model", "system_fingerprint", "service_tier")
 _TEXT_FIELDS = ("content", "reasoning_content", "refusal")
+_MAX_INDEX = 1024  # choices (n) and tool calls of one answer: more is no answer
 
 
 def render_json(answer: Mapping[str, Any]) -> bytes:
@@ -83,11 +86,48 @@ def _text_parts(choice: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def finished(answer: Mapping[str, Any]) -> bool:
-    """A complete, successful answer: every choice finished for a normal reason."""
+    """A complete, successful, well-formed answer (module comment)."""
     choices = answer.get("choices")
     if "error" in answer or not isinstance(choices, list) or not choices:
         return False
-    return all(isinstance(c, Mapping) and c.get("finish_reason") in _NORMAL_FINISH for c in choices)
+    chat = answer.get("object", "chat.completion") == "chat.completion"
+    return all(_well_formed(c, chat) for c in choices)
+
+
+def _well_formed(choice: Any, chat: bool) -> bool:
+    if not isinstance(choice, Mapping) or not _is_str(choice.get("finish_reason")):
+        return False
+    if choice["finish_reason"] not in _NORMAL_FINISH:
+        return False
+    if not chat:
+        return _is_str(choice.get("text"))
+    message = choice.get("message")
+    if not isinstance(message, Mapping):
+        return False
+    if any(message.get(k) is not None and not _is_str(message[k]) for k in _TEXT_FIELDS):
+        return False
+    calls = message.get("tool_calls")
+    return calls is None or (isinstance(calls, list) and all(_tool_call(c) for c in calls))
+
+
+def _tool_call(call: Any) -> bool:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    return (
+        isinstance(function, Mapping)
+        and _is_str(function.get("name"))
+        and _is_str(function.get("arguments"))
+    )
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _index(value: Any) -> int | None:
+    """A choice's or tool call's ``index``: a small non-negative integer, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_INDEX:
+        return value
+    return None
 
 
 class _Choice:
@@ -121,23 +161,41 @@ def assemble(chunks: Iterable[Mapping[str, Any]], *, done: bool) -> dict[str, An
         chat = chunk.get("object", "chat.completion.chunk") == "chat.completion.chunk"
         if chunk.get("usage") is not None:
             usage = chunk["usage"]
-        for part in chunk.get("choices") or []:
-            slot = choices.setdefault(int(part.get("index", 0)), _Choice())
+        parts = chunk.get("choices")
+        if parts is not None and not isinstance(parts, list):
+            return None
+        for part in parts or ():
+            index = _index(part.get("index", 0)) if isinstance(part, Mapping) else None
+            if index is None:
+                return None
+            slot = choices.setdefault(index, _Choice())
             if part.get("finish_reason"):
                 slot.finish = part["finish_reason"]
             _merge_logprobs(slot, part.get("logprobs"))
             if not chat:
-                slot.text.setdefault("text", []).append(part.get("text") or "")
+                text = part.get("text") or ""
+                if not _is_str(text):
+                    return None
+                slot.text.setdefault("text", []).append(text)
                 continue
             delta = part.get("delta") or {}
-            if delta.get("role"):
+            if not isinstance(delta, Mapping):
+                return None
+            if _is_str(delta.get("role")) and delta["role"]:
                 slot.role = delta["role"]
             for name in _TEXT_FIELDS:
                 if delta.get(name):
+                    if not _is_str(delta[name]):
+                        return None
                     slot.text.setdefault(name, []).append(delta[name])
-            for call in delta.get("tool_calls") or []:
-                _merge_tool_call(slot.tools, call)
-    if not choices or any(slot.finish not in _FINISHED for slot in choices.values()):
+            calls = delta.get("tool_calls") or []
+            if not isinstance(calls, list) or not all(
+                _merge_tool_call(slot.tools, c) for c in calls
+            ):
+                return None
+    if not choices or any(
+        not _is_str(s.finish) or s.finish not in _FINISHED for s in choices.values()
+    ):
         return None
     out = [_choice(i, choices[i], chat) for i in sorted(choices)]
     answer = {**head, "object": "chat.completion" if chat else "text_completion", "choices": out}
@@ -180,17 +238,22 @@ def _merge_logprobs(slot: _Choice, logprobs: Any) -> None:
             slot.logprobs[key] = value
 
 
-def _merge_tool_call(tools: dict[int, dict[str, Any]], call: Mapping[str, Any]) -> None:
+def _merge_tool_call(tools: dict[int, dict[str, Any]], call: Any) -> bool:
+    """Add a tool call delta to the calls so far; False when it has another shape."""
+    index = _index(call.get("index", 0)) if isinstance(call, Mapping) else None
+    function = (call.get("function") or {}) if isinstance(call, Mapping) else None
+    if index is None or not isinstance(function, Mapping):
+        return False
+    name, arguments = function.get("name") or "", function.get("arguments") or ""
+    if not (_is_str(name) and _is_str(arguments)):
+        return False
     slot = tools.setdefault(
-        int(call.get("index", 0)),
-        {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+        index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
     )
     if call.get("id"):
         slot["id"] = call["id"]
     if call.get("type"):
         slot["type"] = call["type"]
-    function = call.get("function") or {}
-    if function.get("name"):
-        slot["function"]["name"] += function["name"]
-    if function.get("arguments"):
-        slot["function"]["arguments"] += function["arguments"]
+    slot["function"]["name"] += name
+    slot["function"]["arguments"] += arguments
+    return True

@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 from gateway.call import Call
 from gateway.protocol import upstream_json
 from gateway.protocol.answers import assemble, finished, render_json
+from gateway.protocol.chat_events import UNREADABLE
 from gateway.protocol.openai import Endpoint
 from gateway.protocol.sse import DONE, EventSplitter, payloads
 
@@ -262,7 +263,11 @@ class CacheStage:
             return
 
         async def fill() -> None:
-            response = answer()
+            try:
+                response = answer()
+            except UNREADABLE as exc:  # the readers check shapes; this is the net under them
+                log.warning("an answer could not be read for the cache: %r", exc)
+                return
             if response is None:
                 return
             vector = await call.query.vector() if policy.semantic is not None else None

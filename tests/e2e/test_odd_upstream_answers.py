@@ -96,6 +96,8 @@ async def odd_upstream() -> AsyncIterator[OddUpstream]:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", completions)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", health)
     runner = web.AppRunner(app, access_log=None)
@@ -363,4 +365,47 @@ async def test_a_cascade_judges_a_misshapen_small_answer_never_a_500(
             text = await r.text()
     assert r.status == 200, text
     assert r.headers["x-gateway-tier"] in ("small", "large")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+CACHE_ANSWERS = [
+    *MISSHAPEN_ANSWERS,
+    '{"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",'
+    ' "message": {"role": "assistant", "content": 5}}]}',
+]
+CACHE_CHUNKS = [  # those whose text or tool calls cannot be read (an odd usage, a finish
+    # reason a later chunk replaces, odd logprobs: replayed as they came, harmlessly)
+    *MISSHAPEN_CHUNKS[:3],
+    '{"choices": [{"index": 0, "delta": {"content": 5}}]}',
+    '{"choices": [{"index": "a", "delta": {"tool_calls": [{"index": 0, "function": 5}]}}]}',
+]
+
+
+@pytest.mark.parametrize(
+    ("stream", "raw"),
+    [(False, a) for a in CACHE_ANSWERS] + [(True, c) for c in CACHE_CHUNKS],
+    ids=[f"answer{i}" for i in range(len(CACHE_ANSWERS))]
+    + [f"chunk{i}" for i in range(len(CACHE_CHUNKS))],
+)
+async def test_a_misshapen_answer_is_never_stored_in_the_cache(
+    odd_upstream: OddUpstream,
+    make_gateway: GatewayFactory,
+    caplog: pytest.LogCaptureFixture,
+    stream: bool,
+    raw: str,
+) -> None:
+    """Answered as it came, never stored: the same question goes upstream again."""
+    odd_upstream.raw = raw
+    surfaces = {"default": {"cache": {"exact": True}}}
+    gw = await make_gateway(pool_policy([odd_upstream.url], surfaces=surfaces))
+    seen = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2):
+            body = {"model": "m", "stream": stream, "temperature": 0,
+                    "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+            async with session.post(gw.base_url + "/chat/completions", json=body) as r:
+                await r.read()
+                seen.append((r.status, r.headers.get("x-gateway-cache")))
+            await gw.runtime.cache.drain()  # type: ignore[union-attr]
+    assert seen == [(200, "miss"), (200, "miss")]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

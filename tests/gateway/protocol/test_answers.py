@@ -129,6 +129,46 @@ def test_unfinished_or_failed_answers_do_not_add_up() -> None:
     )
 
 
+def test_answers_of_another_shape_are_not_finished_and_do_not_add_up() -> None:
+    """What the cache may store is an answer clients can read: odd shapes are never stored."""
+    odd_messages: list[dict[str, Any]] = [
+        {"content": 5},
+        {"content": ["a"]},
+        {"content": "x", "refusal": {}},
+        {"content": "x", "tool_calls": "bad"},
+        {"content": None, "tool_calls": [{"function": "x"}]},
+        {"content": None, "tool_calls": [{"function": {"name": 5, "arguments": "{}"}}]},
+    ]
+    for message in odd_messages:
+        assert not finished(with_message(**message)), message
+    assert finished(with_message(content=None, tool_calls=CALLS))
+    for choices in ([{"message": "x", "finish_reason": "stop"}], ["x"], 5):
+        assert not finished({**ANSWER, "choices": choices})
+    unhashable = with_message(content="x")
+    unhashable["choices"][0]["finish_reason"] = ["stop"]
+    assert not finished(unhashable)
+    assert not finished(
+        {"object": "text_completion", "choices": [{"text": 5, "finish_reason": "stop"}]}
+    )
+
+    good = events(render_sse(ANSWER))
+    odd_chunks: list[dict[str, Any]] = [
+        {"choices": 5},
+        {"choices": ["x"]},
+        {"choices": [{"index": "a", "delta": {"content": "x"}}]},
+        {"choices": [{"index": 10**30, "delta": {"content": "x"}}]},
+        {"choices": [{"index": 0, "delta": "x"}]},
+        {"choices": [{"index": 0, "delta": {"content": 5}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": 5}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": "a"}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"function": {"arguments": 5}}]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": ["stop"]}]},
+    ]
+    for chunk in odd_chunks:
+        assert assemble([*good, chunk], done=True) is None, chunk
+    assert assemble(good, done=True) is not None
+
+
 def test_capture_reassembles_a_stream_split_anywhere() -> None:
     raw = b"".join(render_sse(ANSWER, include_usage=True))
     for cut in (1, 7, 50, len(raw) // 2, len(raw) - 3):
