@@ -71,7 +71,7 @@ class ResponsesCall:
         try:
             self.final = from_chat_completion(answer, self.request, self.response_id)
         except UNREADABLE as exc:
-            log.warning("an upstream answer could not be re-told: %r", exc)
+            log.warning("an upstream answer could not be re-told (%s)", type(exc).__name__)
             return 502, error_bytes(_UNREADABLE_ANSWER, "upstream_error", "bad_gateway")
         return status, json.dumps(self.final).encode()
 
@@ -127,7 +127,7 @@ class MessagesCall:
                 answer, self.request.model, self.request.stop_sequences
             )
         except UNREADABLE as exc:
-            log.warning("an upstream answer could not be re-told: %r", exc)
+            log.warning("an upstream answer could not be re-told (%s)", type(exc).__name__)
             return 502, json.dumps(messages_out.error_body(502, _UNREADABLE_ANSWER)).encode()
         return status, json.dumps(message).encode()
 

@@ -73,5 +73,7 @@ def retell(
                 try:
                     chunk(event)
                 except UNREADABLE as exc:
-                    log.warning("an upstream stream chunk could not be re-told: %r", exc)
+                    log.warning(
+                        "an upstream stream chunk could not be re-told (%s)", type(exc).__name__
+                    )
                     fail("the upstream sent a stream chunk the gateway could not read")

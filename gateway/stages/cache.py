@@ -266,7 +266,7 @@ class CacheStage:
             try:
                 response = answer()
             except UNREADABLE as exc:  # the readers check shapes; this is the net under them
-                log.warning("an answer could not be read for the cache: %r", exc)
+                log.warning("an answer could not be read for the cache (%s)", type(exc).__name__)
                 return
             if response is None:
                 return

@@ -48,6 +48,7 @@ def test_a_chunk_its_handler_cannot_read_ends_the_stream_with_a_failure(
     assert len(handled) == 1
     assert failed == ["the upstream sent a stream chunk the gateway could not read"]
     assert "could not be re-told" in caplog.text
+    assert "odd" not in caplog.text  # the type of the error, never what the upstream sent
 
 
 def test_an_error_of_another_kind_is_not_taken_for_an_odd_chunk() -> None:
