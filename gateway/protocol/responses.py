@@ -171,7 +171,7 @@ def _item(item: Any, where: str) -> dict[str, Any]:
     kind = item.get("type", "message")
     if kind == "message":
         role = item.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise BadRequest(
                 f"'{where}.role' must be one of user, system, developer, assistant",
                 param=f"{where}.role",

@@ -237,6 +237,8 @@ def test_input_items_are_normalised_with_ids() -> None:
             "input[0].content[0].file_id",
         ),
         ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+        ({"input": [{"role": ["user"], "content": "x"}]}, "input[0].role"),  # once a 500
+        ({"input": [{"role": {}, "content": "x"}]}, "input[0].role"),
         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "x", "stream": "yes"}, "stream"),
         ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
