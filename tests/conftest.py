@@ -60,6 +60,16 @@ class RunningGateway:
         return self.app[SLO]
 
 
+async def serve(app: web.Application, **runner: Any) -> tuple[web.AppRunner, str]:
+    """Run a test's own upstream ``app`` on loopback: its runner (to clean up) and its
+    ``http://127.0.0.1:PORT/v1`` base URL."""
+    started = web.AppRunner(app, access_log=None, **runner)
+    await started.setup()
+    site = web.TCPSite(started, "127.0.0.1", 0)
+    await site.start()
+    return started, f"http://127.0.0.1:{site_port(site)}/v1"
+
+
 FakeFactory = Callable[..., Awaitable[RunningFake]]
 GatewayFactory = Callable[..., Awaitable[RunningGateway]]
 

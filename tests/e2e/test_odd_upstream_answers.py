@@ -17,11 +17,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.fake_upstream import site_port
 from gateway.observability.otlp import Encoder, Exporter
 from gateway.observability.tracing import Telemetry
 from tests.cache.conftest import RedisServer
-from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy, vllm
+from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy, serve, vllm
 from tests.e2e.limits_helpers import KEYS, limits_policy
 
 ODD = "\\ud800"  # as the upstream's bytes spell it: a JSON escape of a lone surrogate
@@ -100,11 +99,8 @@ async def odd_upstream() -> AsyncIterator[OddUpstream]:
     app.router.add_post("/v1/embeddings", completions)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", health)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    upstream = OddUpstream(f"http://127.0.0.1:{site_port(site)}/v1")
+    runner, url = await serve(app)
+    upstream = OddUpstream(url)
     yield upstream
     await runner.cleanup()
 
@@ -259,6 +255,15 @@ async def test_a_seed_past_int64_keeps_the_trace_batch_valid(
     assert sent[2].int_value == 2**63 - 1
 
 
+def each_answer(answers: list[str], chunks: list[str]) -> pytest.MarkDecorator:
+    """Run once per whole answer (``stream`` False) and once per stream chunk (True)."""
+    return pytest.mark.parametrize(
+        ("stream", "raw"),
+        [(False, a) for a in answers] + [(True, c) for c in chunks],
+        ids=[f"answer{i}" for i in range(len(answers))] + [f"chunk{i}" for i in range(len(chunks))],
+    )
+
+
 DEEP = "[" * 9999 + "]" * 9999
 # Answers of the right status and the wrong shapes: a list or a number where an object or a
 # list belongs, an unhashable finish reason, negative counts.
@@ -290,12 +295,7 @@ MISSHAPEN_CHUNKS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("stream", "raw"),
-    [(False, a) for a in MISSHAPEN_ANSWERS] + [(True, c) for c in MISSHAPEN_CHUNKS],
-    ids=[f"answer{i}" for i in range(len(MISSHAPEN_ANSWERS))]
-    + [f"chunk{i}" for i in range(len(MISSHAPEN_CHUNKS))],
-)
+@each_answer(MISSHAPEN_ANSWERS, MISSHAPEN_CHUNKS)
 async def test_misshapen_answers_are_re_told_or_refused_never_a_500(
     odd_upstream: OddUpstream,
     make_gateway: GatewayFactory,
@@ -337,12 +337,7 @@ SMALL_TIER_ANSWERS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("stream", "raw"),
-    [(False, a) for a in SMALL_TIER_ANSWERS] + [(True, c) for c in MISSHAPEN_CHUNKS],
-    ids=[f"answer{i}" for i in range(len(SMALL_TIER_ANSWERS))]
-    + [f"chunk{i}" for i in range(len(MISSHAPEN_CHUNKS))],
-)
+@each_answer(SMALL_TIER_ANSWERS, MISSHAPEN_CHUNKS)
 async def test_a_cascade_judges_a_misshapen_small_answer_never_a_500(
     odd_upstream: OddUpstream,
     make_fake: FakeFactory,
@@ -381,12 +376,7 @@ CACHE_CHUNKS = [  # those whose text or tool calls cannot be read (an odd usage,
 ]
 
 
-@pytest.mark.parametrize(
-    ("stream", "raw"),
-    [(False, a) for a in CACHE_ANSWERS] + [(True, c) for c in CACHE_CHUNKS],
-    ids=[f"answer{i}" for i in range(len(CACHE_ANSWERS))]
-    + [f"chunk{i}" for i in range(len(CACHE_CHUNKS))],
-)
+@each_answer(CACHE_ANSWERS, CACHE_CHUNKS)
 async def test_a_misshapen_answer_is_never_stored_in_the_cache(
     odd_upstream: OddUpstream,
     make_gateway: GatewayFactory,

@@ -12,8 +12,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from bench.fake_upstream import site_port
-from tests.conftest import FakeFactory, GatewayFactory, build_policy, vllm
+from tests.conftest import FakeFactory, GatewayFactory, build_policy, serve, vllm
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
@@ -58,11 +57,8 @@ async def trickle() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", endless)
     app.router.add_get("/health", health)
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{site_port(site)}/v1"
+    runner, url = await serve(app, handler_cancellation=True)
+    yield url
     await runner.cleanup()
 
 
