@@ -1,5 +1,5 @@
-"""Clients that leave at every point of a request: no traceback, no ERROR line, no upstream
-connection left open (issue 12, item 12). Both of aiohttp's modes: handlers cancelled when the
+"""Clients that leave at every point of a request, in each API: no traceback, no ERROR line, no
+upstream connection left open (issue 12, item 12). Both of aiohttp's modes: handlers cancelled when the
 client goes (what `serve` runs) and not cancelled (aiohttp's default, e.g. under gunicorn)."""
 
 from __future__ import annotations
@@ -34,13 +34,19 @@ async def test_client_disconnects_leave_no_error_and_no_open_upstream(
 
     async def leave(i: int) -> None:
         stream = rng.random() < 0.6
-        body = json.dumps(
-            {"model": "m", "messages": [{"role": "user", "content": f"q{i % 40}"}],
-             "stream": stream, "temperature": 0}
-        ).encode()  # fmt: skip
+        question = f"q{i % 40}"
+        path, fields = rng.choice(
+            [
+                (b"/v1/chat/completions", {"messages": [{"role": "user", "content": question}]}),
+                (b"/v1/responses", {"input": question, "store": True}),
+                (b"/v1/messages", {"max_tokens": 16,
+                                   "messages": [{"role": "user", "content": question}]}),
+            ]
+        )  # fmt: skip
+        body = json.dumps({"model": "m", "stream": stream, "temperature": 0, **fields}).encode()
         raw = (
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body)
+            b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (path, len(body))
         ) + body
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         cut = rng.choice(["head", "body", "waiting", "answer"])
