@@ -93,6 +93,7 @@ _ONE_BYTE = [bytes((n,)) for n in range(0x80)]
 _STRING_HEADS = [bytes((0x12, n + 2, 0x0A, n)) for n in range(0x7E)]
 _SMALL_INTS = [bytes((0x12, 2, 0x18, n)) for n in range(0x80)]  # value field, int_value n
 _Group = tuple[bytes, frozenset[str]]  # a group's encoded attributes and their keys
+_NO_NAMES: frozenset[str] = frozenset()
 
 
 # --- protobuf wire encoding ------------------------------------------------------------------
@@ -256,32 +257,26 @@ class Encoder:
 
     def _attributes(self, tag: bytes, groups: Sequence[AttrGroup]) -> bytes:
         parts: list[bytes] = []
-        keys: set[str] = set()
-        constants: list[Mapping[str, Any]] = []
-        resolved: list[AttrGroup] = []  # LAZY functions are called once: their mappings
-        for i, (prefix, attrs) in enumerate(groups):
+        names: list[frozenset[str]] = []
+        evaluated: list[Mapping[str, Any]] = []  # LAZY functions are called once: their mappings
+        for prefix, attrs in groups:
             if prefix == CONSTANT:
-                if any(attrs is seen for seen in constants):  # the same mapping twice: once
-                    continue
-                constants.append(attrs)
-                encoded, names = self._constant(tag, attrs)
+                encoded, keys = self._constant(tag, attrs)
             elif prefix == LAZY:
-                prefix, attrs = "", _evaluated(attrs)
-                encoded, names = self._encode(tag, "", attrs)
+                attrs = _evaluated(attrs)
+                evaluated.append(attrs)
+                encoded, keys = self._encode(tag, "", attrs)
             else:
-                encoded, names = self._group(tag, prefix, attrs)
-            resolved.append((prefix, attrs))
-            if not keys.isdisjoint(names):  # a key set twice: merge, later groups win
-                return self._merged(tag, resolved, groups[i + 1 :])
-            keys |= names
+                encoded, keys = self._group(tag, prefix, attrs)
             parts.append(encoded)
+            names.append(keys)
+        if len(names) > 1 and sum(map(len, names)) != len(_NO_NAMES.union(*names)):
+            # A key set twice (or one mapping given twice): merged, later groups win.
+            done = iter(evaluated)
+            resolved = [("", next(done)) if p == LAZY else (p, a) for p, a in groups]
+            merged = merged_attributes(resolved)
+            return b"".join(self._attribute(tag, k, v) for k, v in merged.items())
         return b"".join(parts)
-
-    def _merged(self, tag: bytes, resolved: list[AttrGroup], rest: Sequence[AttrGroup]) -> bytes:
-        """The slow path, all groups merged (``rest``'s LAZY functions are called here)."""
-        groups = resolved + [("", _evaluated(a)) if p == LAZY else (p, a) for p, a in rest]
-        merged = merged_attributes(groups)
-        return b"".join(self._attribute(tag, k, v) for k, v in merged.items())
 
     def span(self, record: SpanRecord) -> bytes:
         """One ``Span``. A string that is not valid Unicode (a lone surrogate, which an

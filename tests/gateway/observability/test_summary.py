@@ -19,6 +19,10 @@ def test_summary_of_a_json_answer() -> None:
     assert s.finish_reasons == ["stop"] and s.text == []
     assert summarize_body(json.dumps(body).encode(), collect_text=True).text == ["hi"]
     assert summarize_body(b"not json").model is None
+    # Whitespace around the answer is fine; what is not one UTF-8 JSON value gives nothing.
+    assert summarize_body(b" \n" + json.dumps(body).encode() + b"\n").model == "llama"
+    nothing = [b"", b"  ", b"\xff{}", b'{"model": "m"', b"[" * 5000 + b"]" * 5000]
+    assert [summarize_body(b).model for b in nothing] == [None] * len(nothing)
 
 
 def sse(obj: object) -> bytes:
