@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import random
+from typing import Any
 
 import pytest
 
@@ -35,14 +36,13 @@ async def test_client_disconnects_leave_no_error_and_no_open_upstream(
     async def leave(i: int) -> None:
         stream = rng.random() < 0.6
         question = f"q{i % 40}"
-        path, fields = rng.choice(
-            [
-                (b"/v1/chat/completions", {"messages": [{"role": "user", "content": question}]}),
-                (b"/v1/responses", {"input": question, "store": True}),
-                (b"/v1/messages", {"max_tokens": 16,
-                                   "messages": [{"role": "user", "content": question}]}),
-            ]
-        )  # fmt: skip
+        apis: list[tuple[bytes, dict[str, Any]]] = [
+            (b"/v1/chat/completions", {"messages": [{"role": "user", "content": question}]}),
+            (b"/v1/responses", {"input": question, "store": True}),
+            (b"/v1/messages", {"max_tokens": 16,
+                               "messages": [{"role": "user", "content": question}]}),
+        ]  # fmt: skip
+        path, fields = rng.choice(apis)
         body = json.dumps({"model": "m", "stream": stream, "temperature": 0, **fields}).encode()
         raw = (
             b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
