@@ -101,7 +101,10 @@ class FakeAnthropic:
         self.requests.append(Seen(dict(request.headers), body))
         if request.headers.get("x-api-key") != API_KEY:
             return _error(401, "invalid x-api-key")
-        problem = _check_headers(request) or _check_body(body)
+        try:
+            problem = _check_headers(request) or _check_body(body)
+        except (TypeError, AttributeError, KeyError, IndexError) as exc:  # as the real API: a 400
+            problem = f"malformed request body ({type(exc).__name__})"
         if problem is not None:
             return self._problem(problem)
         action = self.script.popleft() if self.script else "ok"
@@ -150,7 +153,7 @@ class FakeAnthropic:
             content = [{"type": "text", "text": self.reply}]
         if action == "max_tokens":
             stop = "max_tokens"
-        if body.get("thinking", {}).get("type") == "enabled":
+        if (body.get("thinking") or {}).get("type") == "enabled":
             thought = {"type": "thinking", "thinking": "Let me think.", "signature": "sig-fake"}
             content = [thought, *content]
         return {
@@ -260,7 +263,11 @@ def _tool_results(message: dict[str, Any]) -> list[str]:
     out = []
     for block in message["content"]:
         if block.get("type") == "tool_result":
-            texts = [c["text"] for c in block.get("content", []) if c.get("type") == "text"]
+            content = block.get("content", [])
+            if isinstance(content, str):  # the API takes a string as well as text blocks
+                out.append(content)
+                continue
+            texts = [c["text"] for c in content if c.get("type") == "text"]
             out.append("".join(texts))
     return out
 
@@ -294,7 +301,12 @@ def _check_body(body: Any) -> str | None:
     system = body.get("system")
     if system is not None and not (
         isinstance(system, str)
-        or all(isinstance(b, dict) and b.get("type") == "text" and b.get("text") for b in system)
+        or (
+            isinstance(system, list)
+            and all(
+                isinstance(b, dict) and b.get("type") == "text" and b.get("text") for b in system
+            )
+        )
     ):
         return "system: a string or text blocks"
     temperature = body.get("temperature")
