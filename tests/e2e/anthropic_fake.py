@@ -83,15 +83,22 @@ class FakeAnthropic:
         self.requests.append(Seen(dict(request.headers), body))
         if request.headers.get("x-api-key") != API_KEY:
             return _error(401, "invalid x-api-key")
-        problem = _check_headers(request) or _check_messages(body.get("messages"))
-        if problem is not None:
-            return self._problem(problem)
-        words = 0
-        for message in body["messages"]:
-            content = message["content"]
-            texts = [content] if isinstance(content, str) else [b.get("text", "") for b in content]
-            words += 3 + sum(len(t.split()) for t in texts)
-        return web.json_response({"input_tokens": words})
+        try:
+            problem = _check_headers(request) or _check_messages(body.get("messages"))
+            if problem is None:
+                words = 0
+                for message in body["messages"]:
+                    content = message["content"]
+                    texts = (
+                        [content]
+                        if isinstance(content, str)
+                        else [b.get("text", "") for b in content]
+                    )
+                    words += 3 + sum(len(t.split()) for t in texts)
+                return web.json_response({"input_tokens": words})
+        except _UNREADABLE as exc:
+            problem = f"malformed request body ({type(exc).__name__})"
+        return self._problem(problem)
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -103,7 +110,7 @@ class FakeAnthropic:
             return _error(401, "invalid x-api-key")
         try:
             problem = _check_headers(request) or _check_body(body)
-        except (TypeError, AttributeError, KeyError, IndexError) as exc:  # as the real API: a 400
+        except _UNREADABLE as exc:  # as the real API: a 400
             problem = f"malformed request body ({type(exc).__name__})"
         if problem is not None:
             return self._problem(problem)
@@ -255,6 +262,10 @@ def _block_events(index: int, block: dict[str, Any], pieces: int) -> list[dict[s
         *({"type": "content_block_delta", "index": index, "delta": d} for d in deltas),
         {"type": "content_block_stop", "index": index},
     ]
+
+
+# What checking a body of the wrong shape raises here: the real API answers those with a 400.
+_UNREADABLE = (TypeError, AttributeError, KeyError, IndexError)
 
 
 def _tool_results(message: dict[str, Any]) -> list[str]:

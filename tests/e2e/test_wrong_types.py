@@ -103,6 +103,7 @@ REQUESTS = [
     ("/v1/responses", RESPONSES),
     ("/v1/responses", RESPONSES_MORE),
     ("/v1/messages", MESSAGES),
+    ("/v1/messages/count_tokens", {k: MESSAGES[k] for k in ("system", "messages", "tools")}),
 ]
 WRONG: list[Any] = [5, "x", [], {}, None, -1, True, 1.5, [{}], {"a": []}, [5], 10**30]
 # What the fake replica would take literally (10**30 choices), as a real one would refuse.
