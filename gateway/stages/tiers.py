@@ -120,7 +120,9 @@ class TierStage:
         if not verdict.escalate or _past(call.deadline):
             headers = {"x-gateway-cascade": "kept", "x-gateway-tier": "small"}
             return Cascaded(small, body, verdict, headers)
-        # Escalate: the small answer is dropped (kept aside only as a fallback).
+        # Escalate: the small answer is dropped (kept aside only as a fallback). A held stream
+        # is closed now; an answer read whole has freed its connection, and frees its replica's
+        # load once it is not the fallback (else the replica counts it outstanding forever).
         if not whole:
             await small.discard()
         started = time.perf_counter()
@@ -128,6 +130,7 @@ class TierStage:
             large = await opener.open(call, call.rt.tier_targets(parsed.model, config.large))
         except GatewayError:
             if not (config.fallback_to_small and body):
+                small.finish(True)
                 raise
             headers = {
                 "x-gateway-cascade": "escalated",
@@ -135,6 +138,7 @@ class TierStage:
                 "x-gateway-tier-fallback": "small",
             }
             return Cascaded(small, body, verdict, headers)
+        small.finish(True)
         headers = {
             "x-gateway-cascade": "escalated",
             "x-gateway-tier": "large",

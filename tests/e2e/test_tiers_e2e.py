@@ -105,6 +105,10 @@ async def test_cascade_escalates_and_the_client_sees_only_the_large_stream(
     texts = [c.choices[0].delta.content async for c in raw.parse() if c.choices]
     assert texts == ["tok0 ", "tok1 ", "tok2 "]
     assert len(small.fake.requests) == 1 and len(large.fake.requests) == 1
+    for _ in range(3):  # escalated whole (not streamed) as well
+        await gw.client.chat.completions.create(model="auto", messages=MESSAGES)
+    assert len(small.fake.requests) == 4 and len(large.fake.requests) == 4
+    assert_no_load_left(gw)
 
 
 async def test_empty_small_answer_always_escalates(
@@ -114,6 +118,15 @@ async def test_empty_small_answer_always_escalates(
     gw = await make_gateway(policy(small, large, mode="cascade", threshold=1.0))
     r = await gw.client.chat.completions.create(model="auto", messages=MESSAGES)
     assert r.choices[0].message.content == "large answer"
+    assert_no_load_left(gw)
+
+
+def assert_no_load_left(gw: RunningGateway) -> None:
+    """Every attempt of every tier ended: no replica still counts one outstanding (a small
+    answer set aside at escalation once did, one per request, until routing and admission saw
+    a saturated small tier)."""
+    left = {r.name: r.outstanding for p in gw.runtime.pools.values() for r in p.replicas}
+    assert set(left.values()) == {0}, left
 
 
 @pytest.mark.parametrize(("threshold", "expected"), [(1.0, "small"), (-1.0, "large")])
@@ -145,6 +158,7 @@ async def test_large_tier_failure_falls_back_to_the_small_answer(
     raw = await gw.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
     assert raw.headers["x-gateway-tier-fallback"] == "small"
     assert raw.parse().choices[0].message.content == "maybe 12"
+    assert_no_load_left(gw)
     no_fallback = await make_gateway(
         policy(small, large, mode="cascade", threshold=-1.0, fallback_to_small=False)
     )
@@ -152,6 +166,7 @@ async def test_large_tier_failure_falls_back_to_the_small_answer(
     with pytest.raises(openai.APIStatusError) as info:
         await no_fallback.client.chat.completions.create(model="auto", messages=MESSAGES)
     assert info.value.status_code == 502
+    assert_no_load_left(no_fallback)
 
 
 async def test_embeddings_on_a_tiered_alias_is_a_400(

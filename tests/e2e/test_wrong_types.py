@@ -1,5 +1,6 @@
 """Every field of a full request of each API, given a value of each wrong type: an answer or a
-4xx in the caller's format, never a 500 of the gateway's own, never an error in its log.
+4xx in the caller's format, never a 500 of the gateway's own, never an error in its log, never
+a request left waiting or an attempt left counted against its replica.
 
 Rich requests (tools, tool results, images, structured output, logprobs...) for chat
 completions, completions, embeddings, the Responses API and Anthropic's Messages API, streamed
@@ -18,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy
+from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy, vllm
 from tests.e2e.conftest import KEY_ENV, AnthropicFactory
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -106,6 +107,7 @@ REQUESTS = [
     ("/v1/messages/count_tokens", {k: MESSAGES[k] for k in ("system", "messages", "tools")}),
 ]
 WRONG: list[Any] = [5, "x", [], {}, None, -1, True, 1.5, [{}], {"a": []}, [5], 10**30]
+WAIT = aiohttp.ClientTimeout(total=5)
 # What the fake replica would take literally (10**30 choices), as a real one would refuse.
 _SIZES = {"n", "best_of", "max_tokens", "max_output_tokens", "max_completion_tokens"}
 
@@ -130,7 +132,7 @@ def _with(body: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, 
     return out
 
 
-@pytest.mark.parametrize("backend", ["vllm", "anthropic"])
+@pytest.mark.parametrize("backend", ["vllm", "openai", "cascade", "anthropic"])
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_wrong_type_anywhere_is_never_a_500(
     make_fake: FakeFactory,
@@ -140,11 +142,19 @@ async def test_a_wrong_type_anywhere_is_never_a_500(
     stream: bool,
     backend: str,
 ) -> None:
-    """Against a vLLM replica (requests relayed, or translated to chat) and Anthropic's API
-    (every request translated to it: the gateway's own checks of what it writes there)."""
+    """Against a vLLM replica (requests relayed, or translated to chat), an OpenAI-compatible
+    API, a cascade of two (the small tier judged first), and Anthropic's API (every request
+    translated to it: the gateway's own checks of what it writes there)."""
     anthropic = None
     if backend == "vllm":
         gw = await make_gateway(pool_policy([(await make_fake()).url]))
+    elif backend == "openai":
+        external = {"kind": "openai", "base_url": (await make_fake()).url}
+        gw = await make_gateway(build_policy({"ext": external}, {"m": {"backend": "ext"}}))
+    elif backend == "cascade":
+        small, large = vllm((await make_fake()).url), vllm((await make_fake()).url)
+        tiers = {"tiers": ["small", "large"], "mode": "cascade", "commit": {"tokens": 4}}
+        gw = await make_gateway(build_policy({"small": small, "large": large}, {"m": tiers}))
     else:
         anthropic = await make_anthropic()
         claude = {"kind": "anthropic", "base_url": anthropic.url, "api_key_env": KEY_ENV}
@@ -162,8 +172,11 @@ async def test_a_wrong_type_anywhere_is_never_a_500(
                         continue
                     caplog.clear()
                     data = json.dumps(_with(body, path, value))
-                    async with session.post(gw.root + route, data=data) as r:
-                        text = await r.text()
+                    try:
+                        async with session.post(gw.root + route, data=data, timeout=WAIT) as r:
+                            text = await r.text()
+                    except TimeoutError:  # a request left waiting (a leak, a hang)
+                        pytest.fail(f"{route} with {value!r} at {path} had no answer in 5 s")
                     sent += 1
                     logged = [x for x in caplog.records if x.levelno >= logging.ERROR]
                     if (r.status >= 500 and "internal_error" in text) or logged:
@@ -174,3 +187,6 @@ async def test_a_wrong_type_anywhere_is_never_a_500(
         anthropic.fake.problems.clear()
     assert sent > 2500
     assert not failures, failures[:20]
+    # Every attempt ended: no replica still counts one outstanding.
+    left = {r.name: r.outstanding for p in gw.runtime.pools.values() for r in p.replicas}
+    assert set(left.values()) == {0}, left
