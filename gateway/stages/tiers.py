@@ -126,19 +126,23 @@ class TierStage:
         if not whole:
             await small.discard()
         started = time.perf_counter()
+        fallback = False
         try:
             large = await opener.open(call, call.rt.tier_targets(parsed.model, config.large))
         except GatewayError:
-            if not (config.fallback_to_small and body):
-                small.finish(True)
+            fallback = bool(config.fallback_to_small and body)
+            if not fallback:
                 raise
+        finally:  # the large tier answered, failed, or the client left meanwhile
+            if not fallback:
+                small.finish(True)
+        if fallback:
             headers = {
                 "x-gateway-cascade": "escalated",
                 "x-gateway-tier": "small",
                 "x-gateway-tier-fallback": "small",
             }
             return Cascaded(small, body, verdict, headers)
-        small.finish(True)
         headers = {
             "x-gateway-cascade": "escalated",
             "x-gateway-tier": "large",

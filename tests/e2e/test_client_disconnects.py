@@ -73,3 +73,30 @@ async def test_client_disconnects_leave_no_error_and_no_open_upstream(
         model="m", messages=[{"role": "user", "content": "still here?"}]
     )
     assert r.choices[0].message.content
+
+
+async def test_a_client_leaving_during_an_escalation_leaves_no_load(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """The small answer was read whole and escalated past; the client leaves while the large
+    tier is asked: neither tier's replica keeps counting the request."""
+    small, large = await make_fake(reply=""), await make_fake(latency_ms=300)
+    tiers = {"tiers": ["small", "large"], "mode": "cascade"}
+    gw = await make_gateway(
+        build_policy({"small": vllm(small.url), "large": vllm(large.url)}, {"m": tiers})
+    )
+    port = int(gw.root.rsplit(":", 1)[1])
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    raw = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    ) + body
+    for _ in range(3):
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(raw)
+        await asyncio.sleep(0.1)  # the small answer is in, the large one 300 ms away
+        writer.transport.abort()
+    await asyncio.sleep(0.5)
+    assert len(small.fake.requests) == 3 and len(large.fake.requests) == 3
+    left = {r.name: r.outstanding for p in gw.runtime.pools.values() for r in p.replicas}
+    assert set(left.values()) == {0}, left
