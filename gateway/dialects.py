@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,16 @@ log = logging.getLogger("llm_gateway.dialects")
 _UNREADABLE_ANSWER = "the upstream's answer could not be read"
 
 
+def _retold(body: bytes, translate: Callable[[Any], dict[str, Any]]) -> dict[str, Any] | None:
+    """A whole chat answer in the client's API; None when it cannot be read (not JSON, or of a
+    shape the translator cannot take: logged by the error's type, never the answer)."""
+    try:
+        return translate(upstream_json.loads(body))
+    except UNREADABLE as exc:
+        log.warning("an upstream answer could not be re-told (%s)", type(exc).__name__)
+        return None
+
+
 def chat_request(chat: dict[str, Any], model: str, stream: bool) -> ParsedRequest:
     return ParsedRequest(Endpoint.CHAT, json.dumps(chat).encode(), chat, model, stream)
 
@@ -64,14 +75,10 @@ class ResponsesCall:
     def render(self, status: int, body: bytes) -> tuple[int, bytes]:
         if status != 200 or self.passthrough is not None:
             return status, body  # errors are OpenAI's shape in both APIs
-        try:
-            answer = upstream_json.loads(body)
-        except ValueError:
-            return 502, error_bytes(_UNREADABLE_ANSWER, "upstream_error", "bad_gateway")
-        try:
-            self.final = from_chat_completion(answer, self.request, self.response_id)
-        except UNREADABLE as exc:
-            log.warning("an upstream answer could not be re-told (%s)", type(exc).__name__)
+        self.final = _retold(
+            body, lambda a: from_chat_completion(a, self.request, self.response_id)
+        )
+        if self.final is None:
             return 502, error_bytes(_UNREADABLE_ANSWER, "upstream_error", "bad_gateway")
         return status, json.dumps(self.final).encode()
 
@@ -118,16 +125,12 @@ class MessagesCall:
             return status, body  # Anthropic's own answer or error
         if status != 200:
             return messages_out.from_openai_error(status, body)
-        try:
-            answer = upstream_json.loads(body)
-        except ValueError:
-            return 502, json.dumps(messages_out.error_body(502, _UNREADABLE_ANSWER)).encode()
-        try:
-            message = messages_out.from_chat_completion(
-                answer, self.request.model, self.request.stop_sequences
-            )
-        except UNREADABLE as exc:
-            log.warning("an upstream answer could not be re-told (%s)", type(exc).__name__)
+        request = self.request
+        message = _retold(
+            body,
+            lambda a: messages_out.from_chat_completion(a, request.model, request.stop_sequences),
+        )
+        if message is None:
             return 502, json.dumps(messages_out.error_body(502, _UNREADABLE_ANSWER)).encode()
         return status, json.dumps(message).encode()
 
