@@ -6,7 +6,8 @@ Anthropic's ``system``) divided by ``CHARS_PER_TOKEN``, plus a few tokens per me
 chat template; token-id prompts count their ids; an image part counts ``IMAGE_TOKENS``. No
 tokenizer runs and the body is not parsed again (it walks the parsed dict). Output:
 ``max_completion_tokens``, ``max_tokens`` or ``max_output_tokens`` when the client gives one,
-else the surface's expectation, times ``n``. The real usage replaces the estimate when the response
+else the surface's expectation, times ``n`` (or ``best_of``) and the number of prompts of a
+batched completions request. The real usage replaces the estimate when the response
 ends, so a rough estimate costs accuracy only for the length of one request.
 """
 
@@ -44,14 +45,18 @@ def prompt_tokens(body: Mapping[str, Any]) -> int:
 
 
 def output_tokens(body: Mapping[str, Any], expected: int) -> int:
-    """The most the answer may use: the client's cap, else the surface's expectation; x n."""
+    """The most the answer may use: the client's cap, else the surface's expectation; times the
+    sequences generated (``n``, or a completion's ``best_of`` when larger) for each prompt (a
+    completions request may batch several: each gets its own choices)."""
     cap = body.get("max_completion_tokens")
     for name in ("max_tokens", "max_output_tokens"):
         if not _count(cap):
             cap = body.get(name)
-    n = body.get("n")
+    n, best_of = body.get("n"), body.get("best_of")
     choices = n if _count(n) and n > 0 else 1
-    return (cap if _count(cap) else expected) * choices
+    if _count(best_of) and best_of > choices:
+        choices = best_of
+    return (cap if _count(cap) else expected) * choices * _prompts(body.get("prompt"))
 
 
 def reserve_tokens(body: Mapping[str, Any], expected_output: int, generates: bool) -> int:
@@ -79,6 +84,14 @@ def _content(content: Any) -> tuple[int, int]:
             ):
                 extra += IMAGE_TOKENS
     return chars, extra
+
+
+def _prompts(prompt: Any) -> int:
+    """How many prompts a completions request holds: a list of texts or of token-id lists is a
+    batch; a text or one list of token ids is one prompt."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        return len(prompt)
+    return 1
 
 
 def _prompt(value: Any) -> int:

@@ -146,6 +146,23 @@ async def test_tokens_per_minute_holds_within_one_reconciliation(
     assert headers["x-ratelimit-remaining-tokens"] == "0"
 
 
+async def test_a_batched_completions_request_reserves_for_every_prompt(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, clients: Clients
+) -> None:
+    # 20 prompts x 100 tokens may use 2,000 tokens: past a 1,000 a minute limit before it runs
+    # (reserving for one prompt let a single request take the minute twice over).
+    fake = await make_fake()
+    rules = {"limits": {"tokens_per_minute": 1_000}}
+    gw = await make_gateway(limits_policy(fake.url, None, rules), clock=Clock())
+    batch = [f"prompt {i}" for i in range(20)]
+    with pytest.raises(openai.RateLimitError) as refused:
+        await clients(gw).completions.create(model="m", prompt=batch, max_tokens=100)
+    assert len(fake.fake.requests) == 0
+    assert "token" in refused.value.message
+    one = await clients(gw).completions.create(model="m", prompt=batch[:5], max_tokens=100)
+    assert one.choices and len(fake.fake.requests) == 1  # 500 tokens fit
+
+
 async def test_reservations_are_reconciled_to_real_usage(
     make_fake: FakeFactory, make_gateway: GatewayFactory, clients: Clients
 ) -> None:

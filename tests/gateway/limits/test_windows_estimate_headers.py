@@ -66,6 +66,12 @@ def test_output_estimate_and_reservation() -> None:
     assert output_tokens({"max_completion_tokens": 20, "max_tokens": 50}, 256) == 20
     assert output_tokens({"n": 3}, 100) == 300
     assert output_tokens({"max_tokens": True}, 100) == 100  # not a count: the expectation
+    # A batched completions request: each prompt gets its own choices (and best_of sequences).
+    assert output_tokens({"prompt": ["a", "b", "c"], "max_tokens": 10, "n": 2}, 256) == 60
+    assert output_tokens({"prompt": [[1, 2], [3]], "max_tokens": 10}, 256) == 20
+    assert output_tokens({"prompt": [1, 2, 3], "max_tokens": 10}, 256) == 10  # one prompt of ids
+    assert output_tokens({"prompt": "abc", "max_tokens": 10, "best_of": 4, "n": 2}, 256) == 40
+    assert output_tokens({"prompt": [], "max_tokens": 10}, 256) == 10
     body = {"messages": [{"role": "user", "content": "abcd"}], "max_tokens": 10}
     assert reserve_tokens(body, 256, generates=True) == 1 + 4 + 10
     assert reserve_tokens({"input": "abcd"}, 256, generates=False) == 1
