@@ -2,7 +2,9 @@
 
 ``Call`` is built once, completely, by ``Orchestrator.accept`` and only read afterwards; what a
 stage decides (a cache plan, a tier, an attempt) is that stage's return value, never a field
-filled in here later. ``UserQuery`` holds the user's text (``gateway.protocol.openai``'s one
+filled in here later. The one exception is ``leases``: every upstream attempt opened for the
+request is listed there as it opens, and whatever is still open when the request ends (a
+stage's bug: each attempt has an owner that finishes it) is released then, and logged. ``UserQuery`` holds the user's text (``gateway.protocol.openai``'s one
 rule) and computes its embedding at most once, off the event loop, for the semantic cache and
 the difficulty estimator alike.
 """
@@ -10,6 +12,7 @@ the difficulty estimator alike.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,6 +33,8 @@ REQUEST_ID = web.RequestKey("llm_gateway.request_id", str)
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime, SurfacePlan
+
+log = logging.getLogger("llm_gateway.upstream")
 
 # Keys under which the orchestrator leaves a request's metric labels and final status (read by
 # the metrics middleware, and by the limits stage settling what the answer used).
@@ -77,6 +82,46 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+class Lease(Protocol):
+    """What the request holds while an upstream attempt is open: the replica's load, the
+    connection, the attempt's span (``gateway.upstream.attempts.Attempt``)."""
+
+    def abandon(self) -> str | None:
+        """Release what is still held and say where (``backend/replica``); None when the
+        attempt's owner had finished it (the usual case)."""
+        ...
+
+
+class Leases:
+    """The attempts opened for one request; ``with call.leases:`` around the request's stages
+    releases any left open when they end, however they end (an answer, an error, the client
+    gone). Each release is a gateway bug made harmless: it is logged at ERROR, with the
+    request's id, so it gets fixed, while the replica's load count stays right."""
+
+    __slots__ = ("held", "request_id")
+
+    def __init__(self, request_id: str = "") -> None:
+        self.request_id = request_id
+        self.held: list[Lease] = []
+
+    def add(self, lease: Lease) -> None:
+        self.held.append(lease)
+
+    def __enter__(self) -> Leases:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        held, self.held = self.held, []
+        for lease in held:
+            where = lease.abandon()
+            if where is not None:
+                log.error(
+                    "request %s ended with its attempt on %s still open: released",
+                    self.request_id or "-",
+                    where,
+                )
+
+
 @dataclass(slots=True)
 class Call:
     request: web.Request
@@ -94,6 +139,7 @@ class Call:
     # The gateway asked the upstream for the stream's usage the client did not ask for: the
     # usage chunk is taken out of what the client gets (gateway.protocol.usage).
     strip_usage: bool = False
+    leases: Leases = field(default_factory=Leases)  # the attempts opened, released at the end
     _prompt_text: str | None = field(default=None)
 
     def routing_text(self) -> str:

@@ -20,6 +20,7 @@ from gateway.call import (
     STATUS_KEY,
     Call,
     Dialect,
+    Leases,
     UserQuery,
     read_body,
     upstream_headers,
@@ -85,7 +86,8 @@ class Orchestrator:
 
     async def run(self, call: Call) -> web.StreamResponse:
         rt = call.rt
-        with self.recorder.outcome(call) as done:
+        # An attempt a stage left open is released when this ends (``Call.leases``).
+        with self.recorder.outcome(call) as done, call.leases:
             targets = rt.targets(call.parsed.model, call.parsed.endpoint)  # unknown model: 404
             call.request[LABELS_KEY] = (call.parsed.model, "", "")
             # The tenant's limits and budget (429 here); its usage and cost when this ends.
@@ -104,7 +106,7 @@ class Orchestrator:
                     else:
                         served = await self.serve_direct(call, targets, tier, lookup, quota)
                 self.recorder.record(call, served)  # latency per replica, the SLO, the span
-                self.fill_cache(call, lookup, served)  # in the background, complete answers only
+                self.fill_cache(call, lookup, served, quota)  # in the background, if it fits
                 return done(served.relayed)
 
     # --- 1. who, what, which surface ----------------------------------------------------------
@@ -166,6 +168,7 @@ class Orchestrator:
             session_key=session if isinstance(session, str) else None,
             dialect=dialect,
             strip_usage=strip_usage,
+            leases=Leases(request.get(REQUEST_ID, "")),
         )
 
     # --- 2. cache --------------------------------------------------------------------------
@@ -342,10 +345,15 @@ class Orchestrator:
 
     # --- 6. after the answer -----------------------------------------------------------------
 
-    def fill_cache(self, call: Call, lookup: Lookup, served: Served) -> None:
-        result = served.relayed.result
+    def fill_cache(self, call: Call, lookup: Lookup, served: Served, quota: Quota) -> None:
+        """Store a complete answer to the request as the client asked it: never one cut by the
+        deadline, shortened by the gateway's ``cap_output``, or made by a spent budget's
+        downgrade model (each would be replayed to requests that get the full answer)."""
+        result, attempt = served.relayed.result, served.relayed.attempt
         cache, policy = call.rt.cache, call.plan.cache
         if cache is None or policy is None or result.status != 200 or result.deadline_hit:
+            return
+        if quota.downgraded is not None or (attempt is not None and attempt.capped):
             return
         capture = served.watch.capture
         answer = capture.assembled if capture is not None else storable(result.body)

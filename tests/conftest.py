@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,15 @@ async def serve(app: web.Application, **runner: Any) -> tuple[web.AppRunner, str
     site = web.TCPSite(started, "127.0.0.1", 0)
     await site.start()
     return started, f"http://127.0.0.1:{site_port(site)}/v1"
+
+
+@pytest.fixture(autouse=True)
+def no_attempt_left_open(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Every test: no request ended with an upstream attempt its owner left open
+    (``gateway.call.Leases`` releases it and logs it: a gateway bug, made visible here)."""
+    yield
+    left = [r.getMessage() for r in caplog.records if "still open: released" in r.getMessage()]
+    assert left == [], left[:3]
 
 
 FakeFactory = Callable[..., Awaitable[RunningFake]]

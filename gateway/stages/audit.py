@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from cache.audit import AuditBook, answer_text, answers_agree, needs_exact
 from cache.calibration import CalibrationTable, PrecisionTable
 from cache.gate import audit_key
-from gateway.call import Call
+from gateway.call import Call, Leases
 from gateway.protocol import upstream_json
 from gateway.protocol.openai import ParsedRequest
 
@@ -82,15 +82,17 @@ async def _ask_again(call: Call, targets: list[Destination], opener: AttemptOpen
     parsed = call.parsed
     body = {k: v for k, v in parsed.body.items() if k not in ("stream", "stream_options")}
     quiet: ParsedRequest = replace(parsed, raw=json.dumps(body).encode(), body=body, stream=False)
-    attempt = await opener.open(replace(call, parsed=quiet, deadline=None), targets)
-    ok = False
-    try:
-        async with asyncio.timeout(attempt.timeouts.total_s):
-            data = await attempt.response.read()
-        ok = attempt.response.status == 200
-    finally:
-        attempt.response.release()
-        attempt.finish(ok)
+    again = replace(call, parsed=quiet, deadline=None, leases=Leases(call.leases.request_id))
+    with again.leases:
+        attempt = await opener.open(again, targets)
+        ok = False
+        try:
+            async with asyncio.timeout(attempt.timeouts.total_s):
+                data = await attempt.response.read()
+            ok = attempt.response.status == 200
+        finally:
+            attempt.response.release()
+            attempt.finish(ok)
     return data if ok else None
 
 

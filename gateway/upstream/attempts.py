@@ -19,7 +19,8 @@ every target was skipped the client gets a 429 with ``Retry-After``.
 
 An ``Attempt`` holds the replica's load guard and the attempt's span until ``finish`` (the
 relay calls it once the answer is sent, whatever its end) or ``discard`` (a losing hedge, an
-escalated cascade's small answer).
+escalated cascade's small answer). It is also listed in the request's ``Call.leases`` as it
+opens: one its owner forgot is released when the request ends (and logged as the bug it is).
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ class Attempt:
     winner: str = "primary"  # or "hedge"
     hedged: bool = False
     finished: bool = False
+    capped: bool = False  # the gateway lowered max_tokens (cap_output): not the client's answer
+    # Set by whoever reads the answer when the replica failed it after its headers (a broken or
+    # silent stream, an unreadable body): ``finish`` counts it against the replica's health.
+    failure: str | None = None
 
     @property
     def total_deadline(self) -> float:
@@ -77,11 +82,30 @@ class Attempt:
         return self.opened_at + self.timeouts.total_s
 
     def finish(self, ok: bool) -> None:
-        """The answer was relayed (or failed): release the replica's load, end the span."""
+        """The answer was relayed (or failed): release the replica's load, end the span, and
+        tell the replica's health what happened: a ``failure`` counts against it, a complete
+        answer (``ok``) for it. Health is settled here, at the answer's end, not when its
+        headers came: a replica that sends headers and then fails every answer is ejected."""
         if not self.finished:
             self.finished = True
             self.guard.release()
+            replica = self.decision.replica
+            if self.failure is not None:
+                replica.record_failure(self.failure, self.target.upstream_model)
+            elif ok:
+                replica.record_success(self.target.upstream_model)
             self.span.end("won" if self.hedged and ok else ("ok" if ok else "error"))
+
+    def abandon(self) -> str | None:
+        """The request ended with this attempt still open (``gateway.call.Leases``): close and
+        release it, and say where it was; None when its owner had finished it."""
+        if self.finished:
+            return None
+        self.response.close()
+        self.finished = True
+        self.guard.release()
+        self.span.end("abandoned")
+        return f"{self.target.pool.name}/{self.decision.replica.name}"
 
     async def discard(self) -> None:
         """Close a losing or abandoned attempt: the replica sees the connection go."""
@@ -232,7 +256,13 @@ class AttemptOpener:
                 choice = RoutingDecision(target_replica, "hedge_latency", 0)
             tried.add(target_replica.base_url)
             sent.append((target_replica, time.perf_counter()))
-            return await self._one(call, target, choice, read_first, True)
+            attempt = await self._one(call, target, choice, read_first, True)
+            if attempt.response.status == 429:
+                # The hedge's replica (or its key) is limited: the primary may still answer,
+                # so the race waits for it rather than relaying the hedge's 429.
+                await attempt.discard()
+                raise AttemptFailed("http_429", "the hedge was rate limited", True)
+            return attempt
 
         started = time.perf_counter()
         outcome = await race_first_chunk(
@@ -267,7 +297,7 @@ class AttemptOpener:
         is_hedge: bool,
     ) -> Attempt:
         pool, replica, provider = target.pool, decision.replica, target.provider
-        body = self._body(call, target, replica)  # a provider may refuse the request (400)
+        body, capped = self._body(call, target, replica)  # a provider may refuse it (400)
         span = call.span.attempt(
             base_url=replica.base_url,
             upstream_model=target.upstream_model,
@@ -288,6 +318,8 @@ class AttemptOpener:
         first_byte_s = timeouts.first_byte_s
         if call.deadline is not None:
             first_byte_s = min(first_byte_s, max(call.deadline - time.perf_counter(), 0.001))
+        # A wait cut short by the surface's deadline says nothing of the replica's health.
+        ours = first_byte_s < timeouts.first_byte_s
         guard = LoadGuard(replica)
         opened_at = time.perf_counter()
         response: UpstreamResponse | None = None
@@ -301,6 +333,7 @@ class AttemptOpener:
                 assert isinstance(response, aiohttp.ClientResponse)
                 response = provider.wrap(response, call.parsed)
             attempt = Attempt(target, decision, response, guard, span, timeouts, opened_at)
+            attempt.capped = capped
             if read_first and response.status == 200:
                 attempt.first = await _first_chunk(response, replica, first_byte_s)
                 attempt.first_at = time.perf_counter()
@@ -311,7 +344,8 @@ class AttemptOpener:
             guard.release()
             span.end(exc.outcome)
             self.metrics.attempt(pool.name, replica.name, exc.outcome)
-            if exc.outcome != "rejected_key":  # a refused key says nothing of its health
+            # A refused key, or a time-out the caller's deadline set, says nothing of its health.
+            if exc.outcome != "rejected_key" and not (ours and exc.outcome == "timeout"):
                 model = None if exc.outcome == "connect_error" else target.upstream_model
                 replica.record_failure(str(exc), model)
             raise
@@ -325,11 +359,13 @@ class AttemptOpener:
         self.metrics.attempt(
             pool.name, replica.name, "http_429" if response.status == 429 else outcome
         )
-        # A 4xx, a 429 included, is the request's or the account's, never the replica's failure.
-        replica.record_success(target.upstream_model)
+        # A 4xx, a 429 included, is the request's or the account's, never the replica's failure;
+        # success is recorded when the answer is complete (``Attempt.finish``).
+        call.leases.add(attempt)  # open: its owner finishes it (else the request's end does)
         return attempt
 
-    def _body(self, call: Call, target: Destination, replica: Replica) -> bytes:
+    def _body(self, call: Call, target: Destination, replica: Replica) -> tuple[bytes, bool]:
+        """The upstream's request body, and whether ``cap_output`` lowered its max_tokens."""
         parsed, plan, rt = call.parsed, call.plan, call.rt
         total_ms = plan.budget.total_ms
         cap = None
@@ -344,11 +380,11 @@ class AttemptOpener:
             if cap is not None:
                 call.span.decision({"output_cap": cap})
         if target.provider is not None:
-            return target.provider.body(parsed, target.upstream_model, cap)
+            return target.provider.body(parsed, target.upstream_model, cap), cap is not None
         if cap is not None:
             capped = with_max_tokens({**parsed.body, "model": target.upstream_model}, cap)
-            return json.dumps(capped).encode()
-        return parsed.body_for(target.upstream_model)
+            return json.dumps(capped).encode(), True
+        return parsed.body_for(target.upstream_model), False
 
 
 async def _first_chunk(response: UpstreamResponse, replica: Replica, limit_s: float) -> bytes:

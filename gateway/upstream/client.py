@@ -57,6 +57,8 @@ _PUBLIC = {
     "http_5xx": "the upstream answered with a server error",
     "timeout": "the upstream did not answer in time",
     "rejected_key": "the upstream rejected the gateway's credentials",
+    "http_429": "the upstream is rate limited",
+    "bad_status": "the upstream answered with a status that is not an API answer",
 }
 
 
@@ -118,10 +120,25 @@ class UpstreamRequest:
 
 @functools.lru_cache(maxsize=64)
 def _client_timeout(timeouts: TimeoutConfig) -> aiohttp.ClientTimeout:
-    """Built once per backend's settings (frozen, hashable), not per request."""
+    """Built once per backend's settings (frozen, hashable), not per request.
+
+    aiohttp's ``sock_read`` bounds every wait for bytes, the response's head included: it is
+    ``first_byte_s`` until the head came (an API that answers whole sends its head only then),
+    and ``idle_s`` from then on (``_idle_from_now``)."""
     return aiohttp.ClientTimeout(
-        total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.idle_s
+        total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.first_byte_s
     )
+
+
+def _idle_from_now(resp: aiohttp.ClientResponse, idle_s: float) -> None:
+    """The head came: the body's reads wait at most ``idle_s`` each, from now (the connection's
+    read timer is re-armed as each read comes; the next request on it sets its own again)."""
+    connection = resp.connection
+    protocol = connection.protocol if connection is not None else None
+    if protocol is not None:
+        protocol.read_timeout = idle_s
+        if not resp.content.is_eof():  # at its end, aiohttp drops the timer (none to re-arm)
+            protocol.start_timeout()  # from now: the head's bytes were under first_byte_s
 
 
 @functools.lru_cache(maxsize=1024)
@@ -161,7 +178,14 @@ async def open_upstream(
                     data=req.body,
                     headers=req.headers,
                     timeout=_client_timeout(timeouts),
+                    allow_redirects=False,  # a redirect would carry the prompt elsewhere
                 )
+            _idle_from_now(resp, timeouts.idle_s)
+    except aiohttp.ConnectionTimeoutError as exc:  # the lean client's ConnectTimeout too
+        # Nothing was sent: another replica may answer, and the wait was only connect_s.
+        raise AttemptFailed(
+            "connect_error", f"cannot connect to {replica.name} within connect_s", True
+        ) from exc
     except TimeoutError as exc:
         raise AttemptFailed("timeout", f"{replica.name} did not answer in time", False) from exc
     except (aiohttp.ClientConnectorError, CannotConnect) as exc:
@@ -173,6 +197,11 @@ async def open_upstream(
     if resp.status >= 500:
         resp.release()
         raise AttemptFailed("http_5xx", f"{replica.name} answered {resp.status}", True)
+    if resp.status != 200 and resp.status < 400:
+        # An API answers 200 or an error: a redirect (its Location names an address of ours),
+        # a 204 or a 1xx is a proxy's or a misconfiguration's, and never reaches the caller.
+        resp.close()
+        raise AttemptFailed("bad_status", f"{replica.name} answered {resp.status}", True)
     if resp.status in (401, 403):
         # The caller's key never travels upstream: a 401/403 refuses the gateway's own (or its
         # lack of one). Not the caller's fault (a 502 for the caller, an error for the
