@@ -14,6 +14,10 @@ wins. The threshold of a kind, for a namespace, is the highest of:
   raises it, so the gate never accepts more than the shipped calibration allows. Statement
   thresholds are kept under ``<namespace>/statements``.
 
+A candidate the verifier accepts is still refused when the two questions write different
+operators or signs (``cache.operators``: "x > 5" against "x < 5", "-5" against "5"): the
+verifier's features have no symbols, and that check keeps them as they were trained.
+
 Every decision comes back as a ``GateVerdict`` (candidates seen, the best candidate's cosine,
 kind and score, the threshold applied) for the request's span.
 """
@@ -28,6 +32,7 @@ import numpy as np
 
 from cache.calibration import NEVER
 from cache.index import Candidate
+from cache.operators import same_operators
 from cache.verifier import Verifier
 from policies.cache import COSINE_ONLY_DEFAULT_THRESHOLD, SemanticCacheConfig
 
@@ -132,7 +137,8 @@ class SemanticGate:
             self.statement_threshold(settings, namespace),
             self.threshold(settings, namespace),
         )
-        accepted = judged.score >= thresholds
+        same = np.array([same_operators(c.text, query) for c in above], dtype=bool)
+        accepted = (judged.score >= thresholds) & same
         # The best accepted candidate; when none is, the best score (for the span).
         best = int(np.argmax(np.where(accepted, judged.score + 2.0, judged.score)))
         winner = above[best] if accepted[best] else None
