@@ -19,6 +19,13 @@ request out of the cache):
   every user of a tenant). "Our" is left out: in "our refund policy" it is the company's.
 
 The most restrictive mode among the rules that fire applies.
+
+``time`` and ``personal`` read the text of the last user message themselves when the caller
+has no user's text (``query_text`` is None): the gateway's user's text exists only for a plain
+text message, and a question asked with an image beside it, or through the Messages or
+Responses API (translated to a chat body before the cache sees it), has none. Such a request
+is exact-only for the semantic cache, but the rules must still keep "where is my order?" out
+of the tenant-wide exact cache, whatever API or content parts it came with.
 """
 
 from __future__ import annotations
@@ -67,6 +74,34 @@ def uses_tools(body: Mapping[str, Any]) -> bool:
     return False
 
 
+def asked_text(body: Mapping[str, Any]) -> str | None:
+    """The text of the last user message (every text part, whatever else it holds), or the
+    prompt of a completion; None when there is none. Wider than the user's text on purpose:
+    a rule must see the question even where semantic matching does not apply."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for message in reversed(messages):
+            if isinstance(message, Mapping) and message.get("role") == "user":
+                return _texts(message.get("content"))
+        return None
+    return _texts(body.get("prompt"))
+
+
+def _texts(content: Any) -> str | None:
+    """A string, or the strings and ``text`` fields of a list's items, joined by newlines."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return None
+    texts: list[str] = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+    return "\n".join(texts) if texts else None
+
+
 def about_now(text: str | None) -> bool:
     return bool(text) and _TIME.search(text or "") is not None
 
@@ -78,7 +113,10 @@ def about_own_records(text: str | None) -> bool:
 
 
 def fired(body: Mapping[str, Any], text: str | None) -> list[str]:
-    """The names of the rules that apply to this request."""
+    """The names of the rules that apply to this request; ``text`` is the user's text, and
+    the last user message's text (``asked_text``) stands in when it is None."""
+    if text is None:
+        text = asked_text(body)
     out = []
     if uses_tools(body):
         out.append("tools")

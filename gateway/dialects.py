@@ -23,7 +23,7 @@ from gateway.protocol import upstream_json
 from gateway.protocol.anthropic_messages import MessagesRequest
 from gateway.protocol.anthropic_messages_stream import MessagesStream
 from gateway.protocol.chat_events import UNREADABLE
-from gateway.protocol.openai import Endpoint, ParsedRequest
+from gateway.protocol.openai import Endpoint, ParsedRequest, user_text
 from gateway.protocol.relayed import (
     MESSAGES_END,
     RESPONSES_END,
@@ -51,7 +51,11 @@ def _retold(body: bytes, translate: Callable[[Any], dict[str, Any]]) -> dict[str
 
 
 def chat_request(chat: dict[str, Any], model: str, stream: bool) -> ParsedRequest:
-    return ParsedRequest(Endpoint.CHAT, json.dumps(chat).encode(), chat, model, stream)
+    """The translated request, with the user's text by the chat endpoint's own rule: the
+    semantic cache matches it and the difficulty estimator scores it, as for a chat request
+    (without it a Messages or Responses question was only ever an exact hit)."""
+    text = user_text(Endpoint.CHAT, chat)
+    return ParsedRequest(Endpoint.CHAT, json.dumps(chat).encode(), chat, model, stream, text)
 
 
 @dataclass(slots=True)

@@ -83,3 +83,91 @@ def test_plans_follow_the_rules() -> None:
     assert personal.request is None and not personal.lookup and personal.rule == "personal"
     allowed = CachePolicy(semantic=SemanticCacheConfig(), rules=CacheRules(personal="semantic"))
     assert plan("Where is my order?", allowed).semantic
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+
+
+def text_part(text: str) -> dict[str, str]:
+    return {"type": "text", "text": text}
+
+
+def translated_messages(*content: Any) -> dict[str, Any]:
+    """The chat body the cache sees for a Messages request: system first, the text blocks as
+    text parts (an image as an image_url part), a final assistant prefill."""
+    return {
+        "model": "m",
+        "temperature": 0,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": list(content)},
+            {"role": "assistant", "content": "Sure,"},
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("request_body", "names"),
+    [
+        # Text beside an image: no user's text, but the question is still the user's own.
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "my order?"}]}]},
+            ["personal"],
+        ),
+        (
+            body(
+                "x",
+                messages=[{"role": "user", "content": [IMAGE, text_part("Where is my order?")]}],
+            ),
+            ["personal"],
+        ),
+        (
+            body("x", messages=[{"role": "user", "content": [text_part("Weather today?"), IMAGE]}]),
+            ["time"],
+        ),
+        # Every text part counts: the record noun is in the second.
+        (
+            translated_messages(text_part("What is on"), text_part("my calendar?"), IMAGE),
+            ["personal"],
+        ),
+        # A Responses request's input string becomes one plain user message.
+        (body("What is my account balance right now?"), ["time", "personal"]),
+        # A prompt (completions) without a user's text: a list of strings.
+        ({"prompt": ["Where is my refund?"]}, ["personal"]),
+        ({"prompt": [[1, 2, 3]]}, []),
+        # The question, not the assistant's reply or a system prompt, is what the rules read.
+        (
+            {
+                "messages": [
+                    {"role": "system", "content": "Today is Monday."},
+                    {"role": "user", "content": [text_part("How tall is Everest?"), IMAGE]},
+                ]
+            },
+            [],
+        ),
+    ],
+)
+def test_rules_read_the_last_user_message_when_there_is_no_users_text(
+    request_body: dict[str, Any], names: list[str]
+) -> None:
+    assert rules.fired(request_body, None) == names
+
+
+def test_rules_keep_a_dialect_or_multimodal_personal_question_out_of_the_cache() -> None:
+    cache = ResponseCache(InMemoryStore(), None, dim=8)
+    policy = CachePolicy(semantic=SemanticCacheConfig(gate="cosine"))
+    for request_body in (
+        translated_messages(text_part("Where is my order?")),
+        body("x", messages=[{"role": "user", "content": [text_part("Where is my order?"), IMAGE]}]),
+        body("Where is my order?"),  # a Responses request: the gateway gives no user's text
+    ):
+        planned = cache.plan(request_body, policy, tenant="t", model_alias="m", surface="s")
+        assert planned.request is None and planned.rule == "personal"
+    timely = cache.plan(
+        translated_messages(text_part("What is the weather today?")),
+        policy,
+        tenant="t",
+        model_alias="m",
+        surface="s",
+    )
+    assert timely.request is not None and not timely.semantic and timely.rule == "time"

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import anthropic
 import pytest
 
 from tests.cache.conftest import RedisServer
@@ -205,6 +206,79 @@ async def test_semantic_hit_on_a_paraphrase_and_not_on_a_different_number(
     )
     assert kind == "miss"
     assert len(up.fake.requests) == 3
+
+
+SYMBOL_NEAR_MISSES = [
+    ("Is x > 5 when x = 7?", "Is x < 5 when x = 7?"),
+    ("Is 10 > 3 true?", "Is 10 < 3 true?"),
+    ("Does a >= b hold if a = 2 and b = 3?", "Does a <= b hold if a = 2 and b = 3?"),
+    (
+        "In Python, what does x != y return when both are 1?",
+        "In Python, what does x == y return when both are 1?",
+    ),
+    ("What is -5 squared?", "What is 5 squared?"),
+    ("Evaluate 2^10", "Evaluate 2*10"),
+    ("What is the temperature -40 in Fahrenheit?", "What is the temperature 40 in Fahrenheit?"),
+]
+
+
+async def test_no_semantic_hit_across_an_operator_or_a_sign(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """The verifier reads words: these pairs were served each other's answer until the gate
+    compared their operators and signs (cache.operators)."""
+    up = await make_fake()
+    gw = await make_gateway(policy(up.url, {"exact": True, "semantic": {"audit_fraction": 0}}))
+    for stored, asked in SYMBOL_NEAR_MISSES:
+        await ask(gw, messages=[{"role": "user", "content": stored}])
+        _, kind = await ask(gw, messages=[{"role": "user", "content": asked}])
+        assert kind == "miss", (stored, asked)
+    # Paraphrases still hit, with operators (the first question stored above) or without.
+    _, kind = await ask(gw, messages=[{"role": "user", "content": "is x > 5 when x = 7"}])
+    assert kind == "semantic"
+    await ask(gw, messages=[{"role": "user", "content": "How do I reset my password?"}])
+    _, kind = await ask(gw, messages=[{"role": "user", "content": "How can I reset my password?"}])
+    assert kind == "semantic"
+    assert len(up.fake.requests) == 2 * len(SYMBOL_NEAR_MISSES) + 1
+
+
+async def test_semantic_hits_through_the_messages_and_responses_apis(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """A translated request has the user's text of the chat request it becomes."""
+    up = await make_fake()
+    cache = {"exact": True, "semantic": {"audit_fraction": 0}}
+    gw = await make_gateway(policy(up.url, cache, surface="default"))
+    claude = anthropic.AsyncAnthropic(base_url=gw.root, api_key="x", max_retries=0, timeout=20)
+
+    async def message(text: str) -> str | None:
+        raw = await claude.messages.with_raw_response.create(
+            model="m",
+            max_tokens=64,
+            messages=[{"role": "user", "content": [{"type": "text", "text": text}]}],
+            extra_body={"temperature": 0},
+        )
+        await gw.runtime.cache.drain()  # type: ignore[union-attr]
+        return raw.headers.get("x-gateway-cache")
+
+    async def response(text: str) -> str | None:
+        raw = await gw.client.responses.with_raw_response.create(
+            model="m", input=text, temperature=0
+        )
+        assert raw.parse().output_text == "hello from the fake upstream"
+        await gw.runtime.cache.drain()  # type: ignore[union-attr]
+        return raw.headers.get("x-gateway-cache")
+
+    try:
+        assert await message("How do I reset my password?") == "miss"
+        assert await message("How can I reset my password?") == "semantic"
+        assert await response("How do I change my email address?") == "miss"
+        assert await response("How can I change my email address?") == "semantic"
+        assert await message("Is x > 5 when x = 7?") == "miss"
+        assert await response("Is x < 5 when x = 7?") == "miss"
+    finally:
+        await claude.close()
+    assert len(up.fake.requests) == 4
 
 
 async def test_a_surface_named_default_applies_when_nothing_else_matches(
