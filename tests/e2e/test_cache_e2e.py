@@ -10,6 +10,7 @@ import anthropic
 import pytest
 
 from tests.cache.conftest import RedisServer
+from tests.cache.test_operators import DIFFERENT
 from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, pool_policy
 
 QUESTION: Any = [{"role": "user", "content": "What is the boiling point of water at sea level?"}]
@@ -208,18 +209,7 @@ async def test_semantic_hit_on_a_paraphrase_and_not_on_a_different_number(
     assert len(up.fake.requests) == 3
 
 
-SYMBOL_NEAR_MISSES = [
-    ("Is x > 5 when x = 7?", "Is x < 5 when x = 7?"),
-    ("Is 10 > 3 true?", "Is 10 < 3 true?"),
-    ("Does a >= b hold if a = 2 and b = 3?", "Does a <= b hold if a = 2 and b = 3?"),
-    (
-        "In Python, what does x != y return when both are 1?",
-        "In Python, what does x == y return when both are 1?",
-    ),
-    ("What is -5 squared?", "What is 5 squared?"),
-    ("Evaluate 2^10", "Evaluate 2*10"),
-    ("What is the temperature -40 in Fahrenheit?", "What is the temperature 40 in Fahrenheit?"),
-]
+SYMBOL_NEAR_MISSES = DIFFERENT[:7]  # the probe's pairs, each a semantic hit before
 
 
 async def test_no_semantic_hit_across_an_operator_or_a_sign(
