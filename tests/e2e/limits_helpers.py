@@ -57,6 +57,18 @@ def limits_policy(
     )
 
 
+def downgrade_policy(big_url: str, small_url: str, surfaces: dict[str, Any] | None = None) -> str:
+    """Team A's budget (0.01 USD) spent after one answer of "m" (backend "big"), which is then
+    served by "lite" (backend "small", cheaper)."""
+    backends = {"big": {"kind": "openai", "base_url": big_url},
+                "small": {"kind": "openai", "base_url": small_url}}  # fmt: skip
+    models = {"m": {"backend": "big", "price": PRICE}, "lite": {"backend": "small", "price": CHEAP}}
+    budget = {"usd": 0.01, "on_exhausted": "downgrade", "downgrade_to": "lite"}
+    return limits_policy(
+        big_url, None, {"budget": budget}, models=models, backends=backends, surfaces=surfaces
+    )
+
+
 def client(gw: RunningGateway, tenant: str = "team-a") -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=gw.base_url, api_key=KEYS[tenant], max_retries=0, timeout=20)
 

@@ -9,7 +9,7 @@ from typing import Any
 import openai
 
 from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, pool_policy
-from tests.e2e.limits_helpers import CHEAP, PRICE, client, limits_policy, settled
+from tests.e2e.limits_helpers import client, downgrade_policy, settled
 from tests.gateway.limits.conftest import Clock
 
 QUESTION: Any = [{"role": "user", "content": "Write a haiku about rain."}]
@@ -30,15 +30,8 @@ async def test_a_downgraded_answer_is_not_stored_under_the_alias(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
     big, small = await make_fake(reply="big"), await make_fake(reply="small")
-    backends = {"big": {"kind": "openai", "base_url": big.url}, "small": {"kind": "openai",
-                "base_url": small.url}}  # fmt: skip
-    models = {"m": {"backend": "big", "price": PRICE}, "lite": {"backend": "small", "price": CHEAP}}
-    budget = {"usd": 0.01, "on_exhausted": "downgrade", "downgrade_to": "lite"}
     surfaces = {"default": {"cache": {"exact": True}}}
-    policy = limits_policy(
-        big.url, None, {"budget": budget}, models=models, backends=backends, surfaces=surfaces
-    )
-    gw = await make_gateway(policy, clock=Clock())
+    gw = await make_gateway(downgrade_policy(big.url, small.url, surfaces), clock=Clock())
     c = client(gw)
     await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "spend"}])
     await settled(gw)  # the budget is spent: "m" is served by "lite" from now on

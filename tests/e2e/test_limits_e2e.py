@@ -17,6 +17,7 @@ from tests.e2e.limits_helpers import (
     PRICE,
     chat,
     client,
+    downgrade_policy,
     limits_policy,
     metric,
     settled,
@@ -236,14 +237,7 @@ async def test_downgrade_serves_the_named_cheaper_model(
     make_fake: FakeFactory, make_gateway: GatewayFactory, clients: Clients
 ) -> None:
     big, small = await make_fake(reply="big"), await make_fake(reply="small")
-    backends = {"big": {"kind": "openai", "base_url": big.url}, "small": {"kind": "openai",
-                "base_url": small.url}}  # fmt: skip
-    models = {"m": {"backend": "big", "price": PRICE}, "lite": {"backend": "small", "price": CHEAP}}
-    budget = {"usd": 0.01, "on_exhausted": "downgrade", "downgrade_to": "lite"}
-    gw = await make_gateway(
-        limits_policy(big.url, None, {"budget": budget}, models=models, backends=backends),
-        clock=Clock(),
-    )
+    gw = await make_gateway(downgrade_policy(big.url, small.url), clock=Clock())
     status, headers, reply = await chat(clients(gw))
     assert status == 200 and "x-gateway-downgraded" not in headers
     await settled(gw)
