@@ -101,19 +101,20 @@ class Attempt:
         release it, and say where it was; None when its owner had finished it."""
         if self.finished:
             return None
-        self.response.close()
-        self.finished = True
-        self.guard.release()
-        self.span.end("abandoned")
+        self._close("abandoned")
         return f"{self.target.pool.name}/{self.decision.replica.name}"
 
     async def discard(self) -> None:
         """Close a losing or abandoned attempt: the replica sees the connection go."""
+        self._close("lost")
+
+    def _close(self, outcome: str) -> None:
+        """Close the connection; release the load and end the span ``outcome`` unless done."""
         self.response.close()
         if not self.finished:
             self.finished = True
             self.guard.release()
-            self.span.end("lost")
+            self.span.end(outcome)
 
 
 class AttemptOpener:
