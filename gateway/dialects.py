@@ -50,12 +50,15 @@ def _retold(body: bytes, translate: Callable[[Any], dict[str, Any]]) -> dict[str
         return None
 
 
-def chat_request(chat: dict[str, Any], model: str, stream: bool) -> ParsedRequest:
+def chat_request(
+    chat: dict[str, Any], model: str, stream: bool, continues: bool = False
+) -> ParsedRequest:
     """The translated request, with the user's text by the chat endpoint's own rule: the
     semantic cache matches it and the difficulty estimator scores it, as for a chat request
     (without it a Messages or Responses question was only ever an exact hit)."""
     text = user_text(Endpoint.CHAT, chat)
-    return ParsedRequest(Endpoint.CHAT, json.dumps(chat).encode(), chat, model, stream, text)
+    raw = json.dumps(chat).encode()
+    return ParsedRequest(Endpoint.CHAT, raw, chat, model, stream, text, continues)
 
 
 @dataclass(slots=True)
@@ -122,7 +125,8 @@ class MessagesCall:
     def parsed(self) -> ParsedRequest:
         if self.passthrough is not None:
             return self.passthrough
-        return chat_request(self.request.chat, self.request.model, self.request.stream)
+        request = self.request
+        return chat_request(request.chat, request.model, request.stream, request.prefill)
 
     def render(self, status: int, body: bytes) -> tuple[int, bytes]:
         if self.passthrough is not None:

@@ -49,6 +49,12 @@ class MessagesRequest:
     chat: dict[str, Any]  # the chat-completions request
     stop_sequences: tuple[str, ...]  # to tell stop_sequence from end_turn in the answer
 
+    @property
+    def prefill(self) -> bool:
+        """The last message is the assistant's: the answer continues its text."""
+        messages = self.chat["messages"]
+        return bool(messages) and messages[-1].get("role") == "assistant"
+
 
 def parse_messages_request(raw: bytes) -> MessagesRequest:
     body = strict_json.loads(raw)  # a 400 for anything but strict UTF-8 JSON

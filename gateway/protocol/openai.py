@@ -47,6 +47,9 @@ class ParsedRequest:
     model: str
     stream: bool
     user_text: str | None = None
+    # The last message is the start of the assistant's answer (Anthropic's prefill): the model
+    # continues it. A vLLM backend is told so (``continue_final_message``); see ``_body``.
+    continues: bool = False
 
     def body_for(self, upstream_model: str) -> bytes:
         """The bytes to send upstream: the client's own bytes unless the model is renamed."""
@@ -55,7 +58,10 @@ class ParsedRequest:
         return json.dumps({**self.body, "model": upstream_model}).encode()
 
 
-_INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "top_logprobs", "seed")
+_INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "best_of", "top_logprobs", "seed")
+# Sequences generated per prompt, bounded as OpenAI's API bounds them: one request must not ask
+# a replica for thousands of answers (it reserves tokens for each, and holds the KV cache).
+_RANGES = {"n": (1, 128), "best_of": (1, 20)}
 _NUM_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 
 
@@ -83,6 +89,10 @@ def parse_request(endpoint: Endpoint, raw: bytes) -> ParsedRequest:
         value = body.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise BadRequest(f"'{name}' must be an integer", param=name)
+    for name, (low, high) in _RANGES.items():
+        value = body.get(name)
+        if value is not None and not low <= value <= high:
+            raise BadRequest(f"'{name}' must be between {low} and {high}", param=name)
     for name in _NUM_FIELDS:
         value = body.get(name)
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):

@@ -2,12 +2,12 @@
 
 The hit's question goes upstream again as one non-streamed request through the same attempt
 machinery as any request (router, retries, fallbacks), without the caller's deadline (the
-caller already has its answer); its time is bounded by the backend's ``timeouts.total_s``.
+caller already has its answer); its time is bounded by the backend's ``timeouts.total_s``,
+its size by ``server.max_response_bytes``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from dataclasses import replace
@@ -19,6 +19,7 @@ from cache.gate import audit_key
 from gateway.call import Call, Leases
 from gateway.protocol import upstream_json
 from gateway.protocol.openai import ParsedRequest
+from gateway.upstream.relay import read_whole
 
 if TYPE_CHECKING:
     from cache.semantic import CacheHit, ResponseCache
@@ -86,12 +87,10 @@ async def _ask_again(call: Call, targets: list[Destination], opener: AttemptOpen
     with again.leases:
         attempt = await opener.open(again, targets)
         ok = False
-        try:
-            async with asyncio.timeout(attempt.timeouts.total_s):
-                data = await attempt.response.read()
+        try:  # a broken or unreadable answer counts against its replica, as in the relay
+            data = await read_whole(attempt, None, call.rt.policy.server.max_response_bytes)
             ok = attempt.response.status == 200
         finally:
-            attempt.response.release()
             attempt.finish(ok)
     return data if ok else None
 

@@ -11,7 +11,11 @@ from the small tier, holds the first N content chunks, judges them, then either 
 attempt (held chunks first) to the relay, or closes the small stream and opens the large tier.
 The client never sees a token that is taken back. If the large tier then fails before its
 first byte, the held small answer is served (``fallback_to_small``) with
-``x-gateway-tier-fallback: small``.
+``x-gateway-tier-fallback: small``. If the small tier fails (no replica can answer, it answers
+4xx, its answer breaks off, goes silent for ``idle_s`` or is not JSON), the large tier answers:
+a failed small tier is one more reason to escalate, never the request's failure while the
+caller's deadline lasts. A replica to blame (broken, silent, not JSON) has it counted against
+its health, as the relay does for the answers it reads.
 
 Whatever the outcome, what goes back to the client is a live attempt or a finished answer that
 the orchestrator sends through the one relay path (deadline, metrics, span summary and cache
@@ -31,15 +35,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import aiohttp
+
 from gateway.call import Call
-from gateway.errors import GatewayError, Unavailable
+from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.limits.cost import Usage
 from gateway.protocol import upstream_json
 from gateway.protocol.openai import Endpoint, ParsedRequest
 from gateway.protocol.sse import DONE, EventSplitter, payloads
 from gateway.runtime import Destination
 from gateway.upstream.attempts import Attempt, AttemptOpener
-from gateway.upstream.relay import read_answer
+from gateway.upstream.relay import read_whole
 from policies.models import TieredModelConfig
 from routing.calibration import wants_large
 from routing.cascade import CascadeVerdict, CascadeVerifier, SmallAnswer
@@ -105,25 +111,43 @@ class TierStage:
 
     async def cascade(self, call: Call, choice: TierChoice, opener: AttemptOpener) -> Cascaded:
         config, parsed = choice.config, call.parsed
-        verifier = self.verifiers[config.artifact]
         whole = config.commit_point.whole or not parsed.stream
         body: bytes | None = None
         paid: Usage | None = None  # the small answer's usage, when it is read whole
-        if whole:
-            small = await opener.open(replace(call, parsed=_non_streaming(parsed)), choice.targets)
-            body = await _read_all(small, call.deadline, call.rt.policy.server.max_response_bytes)
-            answer, paid = _answer_of(body, parsed.endpoint)
+        small: Attempt | None = None
+        try:
+            if whole:
+                request = replace(call, parsed=_non_streaming(parsed))
+                small = await opener.open(request, choice.targets)
+                limit = call.rt.policy.server.max_response_bytes
+                body, data = await _read_all(small, call.deadline, limit)
+                answer, paid = _answer_of(data, parsed.endpoint)
+            else:
+                small = await opener.open(call, choice.targets)
+                if small.response.status != 200:  # a 4xx: the large tier's own answer is asked
+                    _failed(small)
+                    raise UpstreamError(
+                        f"the small tier answered {small.response.status}", code="tier_failed"
+                    )
+                answer = await _hold(small, int(config.commit_point.tokens), parsed.endpoint, call)
+        except GatewayError as exc:
+            # The small tier failed (no replica, an error, a broken or unreadable answer, a 4xx
+            # it gave): the large tier answers, unless the caller's deadline is already spent.
+            if _past(call.deadline):
+                raise
+            verdict = CascadeVerdict(True, 0.0, choice.threshold, f"escalate: {exc.message}")
+            small, body = None, None
         else:
-            small = await opener.open(call, choice.targets)
-            answer = await _hold(small, int(config.commit_point.tokens), parsed.endpoint, call)
-        verdict = verifier.verdict(answer, choice.score, choice.threshold)
-        if not verdict.escalate or _past(call.deadline):
-            headers = {"x-gateway-cascade": "kept", "x-gateway-tier": "small"}
-            return Cascaded(small, body, verdict, headers)
+            verdict = self.verifiers[config.artifact].verdict(
+                answer, choice.score, choice.threshold
+            )
+            if not verdict.escalate or _past(call.deadline):
+                headers = {"x-gateway-cascade": "kept", "x-gateway-tier": "small"}
+                return Cascaded(small, body, verdict, headers)
         # Escalate: the small answer is dropped (kept aside only as a fallback). A held stream
         # is closed now; an answer read whole has freed its connection, and frees its replica's
         # load once it is not the fallback (else the replica counts it outstanding forever).
-        if not whole:
+        if small is not None and not whole:
             await small.discard()
         started = time.perf_counter()
         fallback = False
@@ -134,9 +158,10 @@ class TierStage:
             if not fallback:
                 raise
         finally:  # the large tier answered, failed, or the client left meanwhile
-            if not fallback:
+            if small is not None and not fallback:
                 small.finish(True)
         if fallback:
+            assert small is not None  # a body was read from it
             headers = {
                 "x-gateway-cascade": "escalated",
                 "x-gateway-tier": "small",
@@ -160,32 +185,48 @@ def _non_streaming(parsed: ParsedRequest) -> ParsedRequest:
     return replace(parsed, raw=json.dumps(body).encode(), body=body, stream=False)
 
 
-async def _read_all(attempt: Attempt, deadline: float | None, max_bytes: int) -> bytes:
-    """The small tier's whole answer (it was asked not to stream)."""
-    response = attempt.response
+async def _read_all(attempt: Attempt, deadline: float | None, max_bytes: int) -> tuple[bytes, Any]:
+    """The small tier's whole answer (it was asked not to stream), and its JSON object.
+
+    Whatever else comes is the small tier's failure (a ``GatewayError``: the cascade asks the
+    large tier), counted against its replica when the replica is to blame (``read_whole``).
+    """
     try:
-        async with asyncio.timeout(None if deadline is None else deadline - time.perf_counter()):
-            body = await read_answer(response, max_bytes)
-    except TimeoutError as exc:
-        await attempt.discard()
-        raise Unavailable(
-            "the small tier did not answer within the deadline", code="tier_failed"
-        ) from exc
+        body = await read_whole(attempt, deadline, max_bytes)
+    except GatewayError:
+        attempt.finish(False)
+        raise
     except BaseException:
         await attempt.discard()
         raise
-    response.release()
-    if response.status != 200:
+    status = attempt.response.status
+    data = _loads(body) if status == 200 else None
+    if not isinstance(data, dict):
+        why = f"the small tier answered {status}"
+        if status == 200:
+            attempt.failure = why = "the small tier's answer is not a JSON object"
         attempt.finish(False)
-        raise Unavailable(f"the small tier answered {response.status}", code="tier_failed")
-    return body
+        raise UpstreamError(why, code="tier_failed")
+    return body, data
 
 
-def _answer_of(body: bytes, endpoint: Endpoint) -> tuple[SmallAnswer, Usage | None]:
+def _failed(attempt: Attempt) -> None:
+    """A read that failed: the connection is closed, the replica's load released."""
+    attempt.response.close()
+    attempt.finish(False)
+
+
+def _loads(body: bytes) -> Any:
     try:
-        data = upstream_json.loads(body)
+        return upstream_json.loads(body)
+    except ValueError:
+        return None
+
+
+def _answer_of(data: dict[str, Any], endpoint: Endpoint) -> tuple[SmallAnswer, Usage | None]:
+    try:
         choice = data["choices"][0]
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (KeyError, IndexError, TypeError):
         return SmallAnswer("", finish_reason="error"), None
     if not isinstance(choice, dict):
         return SmallAnswer("", finish_reason="error"), None
@@ -242,7 +283,7 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
     splitter = EventSplitter()
     pieces: list[str] = []
     finish = None
-    done = False
+    done = ended = False
 
     def scan(events: Iterable[bytes]) -> None:
         nonlocal finish, done
@@ -270,15 +311,28 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
             while not done and len(pieces) < tokens:
                 data = await attempt.response.content.readany()
                 if not data:
+                    ended = True
                     break
                 if attempt.first_at is None:
                     attempt.first_at = time.perf_counter()
                 held.append(data)
                 scan(splitter.feed(data))
-    except TimeoutError:
-        pass  # the deadline passed while holding: the relay ends the stream at once
+    except TimeoutError as exc:
+        if not _past(call.deadline):  # aiohttp's read timer: idle_s between reads
+            attempt.failure = "the stream stopped coming (idle_s)"
+            _failed(attempt)
+            raise UpstreamTimeout("the small tier stopped sending", code="tier_failed") from exc
+        # the deadline passed while holding: the small answer is kept, the relay ends it at once
+    except aiohttp.ClientError as exc:  # a broken connection, or the stream's error event
+        attempt.failure = "the connection broke during the stream"
+        _failed(attempt)
+        raise UpstreamError("the small tier's stream broke off", code="tier_failed") from exc
     except BaseException:
         await attempt.discard()
         raise
+    if ended and not done:  # no end of stream: cut short, or not a stream at all
+        attempt.failure = "a stream that ended early"
+        _failed(attempt)
+        raise UpstreamError("the small tier's stream ended early", code="tier_failed")
     attempt.first = b"".join(held)
     return SmallAnswer("".join(pieces), None, finish, complete=done)

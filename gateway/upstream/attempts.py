@@ -183,9 +183,8 @@ class AttemptOpener:
                 code="no_healthy_replica",
                 headers={"Retry-After": call.rt.retry_after},
             )
-        raise UpstreamError(
-            f"{failures[-1].public} ({len(failures)} attempt(s))", code="bad_gateway"
-        )
+        tries = sum(f.attempts for f in failures)
+        raise UpstreamError(f"{failures[-1].public} ({tries} attempt(s))", code="bad_gateway")
 
     async def _pace(self, call: Call, target: Destination, replica: Replica) -> float | None:
         """Wait for the provider's rate limit to reset, when it is near; None: sent (or no
@@ -266,15 +265,19 @@ class AttemptOpener:
             return attempt
 
         started = time.perf_counter()
-        outcome = await race_first_chunk(
-            primary,
-            second,
-            delay,
-            allow_hedge=lambda: hedge.allow(
-                decision.replica.base_url, peers, (time.perf_counter() - started) * 1000
-            ),
-            discard=Attempt.discard,
-        )
+        try:
+            outcome = await race_first_chunk(
+                primary,
+                second,
+                delay,
+                allow_hedge=lambda: hedge.allow(
+                    decision.replica.base_url, peers, (time.perf_counter() - started) * 1000
+                ),
+                discard=Attempt.discard,
+            )
+        except AttemptFailed as exc:  # the primary's error; a hedge sent beside it failed too
+            exc.attempts += len(sent)
+            raise
         attempt = outcome.value
         attempt.hedged = outcome.hedged
         attempt.winner = outcome.winner
@@ -382,10 +385,15 @@ class AttemptOpener:
                 call.span.decision({"output_cap": cap})
         if target.provider is not None:
             return target.provider.body(parsed, target.upstream_model, cap), cap is not None
+        continues = parsed.continues and target.pool.settings.kind == "vllm"
+        if cap is None and not continues:
+            return parsed.body_for(target.upstream_model), False
+        body = {**parsed.body, "model": target.upstream_model}
         if cap is not None:
-            capped = with_max_tokens({**parsed.body, "model": target.upstream_model}, cap)
-            return json.dumps(capped).encode(), True
-        return parsed.body_for(target.upstream_model), False
+            body = with_max_tokens(body, cap)
+        if continues:  # vLLM opens a new assistant turn unless told to continue the last one
+            body.update(continue_final_message=True, add_generation_prompt=False)
+        return json.dumps(body).encode(), cap is not None
 
 
 async def _first_chunk(response: UpstreamResponse, replica: Replica, limit_s: float) -> bytes:

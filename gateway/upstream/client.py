@@ -50,6 +50,7 @@ class AttemptFailed(Exception):
         self.outcome = outcome  # metric label: connect_error | http_5xx | timeout | rejected_key
         self.retryable = retryable
         self.public = public or _PUBLIC.get(outcome, "the upstream failed")
+        self.attempts = 1  # 2: a hedge was sent beside it and failed too
 
 
 _PUBLIC = {

@@ -190,14 +190,34 @@ async def send_answer(
 async def _relay_body(attempt: Attempt, plan: RelayPlan) -> tuple[web.Response, RelayResult]:
     """A non-streaming answer (or an upstream 4xx): read it whole, pass it on unchanged."""
     upstream = attempt.response
-    limit, ours = _limit(attempt, plan)
+    body = await read_whole(attempt, plan.deadline, plan.max_response_bytes)
+    headers = plan.headers
+    if plan.on_answer is not None and upstream.status < 400:
+        headers = {**headers, **plan.on_answer(body, attempt)}
+    status, out = upstream.status, body
+    if plan.client is not None:
+        status, out = plan.client.render(status, body)
+        await plan.client.ended()
+    resp = web.Response(status=status, body=out, headers=response_headers(upstream, headers))
+    return resp, RelayResult(upstream.status, body=body)
+
+
+async def read_whole(attempt: Attempt, deadline: float | None, max_bytes: int) -> bytes:
+    """A non-streamed answer (or a 4xx's body) read whole, by ``deadline`` and ``total_s``.
+
+    Every reader of a whole answer (the relay, the cascade's small tier, the cache audit) reads
+    it here: an answer that breaks off, stops coming for ``idle_s``, does not parse or is a 200
+    that is not a JSON object is flagged as the replica's failure (``Attempt.failure``); an
+    answer over ``max_bytes`` or past a time limit is not. Each ends the connection and raises
+    the ``GatewayError`` to answer with; the attempt is still the caller's to finish.
+    """
+    upstream = attempt.response
+    limit, ours = _limit(attempt, deadline)
     try:
-        body = (
-            upstream.whole(plan.max_response_bytes) if isinstance(upstream, Http1Response) else None
-        )
+        body = upstream.whole(max_bytes) if isinstance(upstream, Http1Response) else None
         if body is None:  # not all here yet: read it under the time limit
             async with asyncio.timeout(max(limit - time.perf_counter(), 0.0)):
-                body = await read_answer(upstream, plan.max_response_bytes)
+                body = await read_answer(upstream, max_bytes)
     except AnswerTooLarge as exc:
         upstream.close()
         log.warning("an upstream answer was refused: %s (server.max_response_bytes)", exc)
@@ -238,15 +258,7 @@ async def _relay_body(attempt: Attempt, plan: RelayPlan) -> tuple[web.Response, 
         raise UpstreamError(
             "the upstream answered 200 with a body that is not a JSON answer", code="bad_gateway"
         )
-    headers = plan.headers
-    if plan.on_answer is not None and upstream.status < 400:
-        headers = {**headers, **plan.on_answer(body, attempt)}
-    status, out = upstream.status, body
-    if plan.client is not None:
-        status, out = plan.client.render(status, body)
-        await plan.client.ended()
-    resp = web.Response(status=status, body=out, headers=response_headers(upstream, headers))
-    return resp, RelayResult(upstream.status, body=body)
+    return body
 
 
 def _json_object(body: bytes, headers: Mapping[str, str]) -> bool:
@@ -279,11 +291,11 @@ def _noted(result: RelayResult, plan: RelayPlan, data: bytes, at: float) -> None
         watch(data)
 
 
-def _limit(attempt: Attempt, plan: RelayPlan) -> tuple[float, bool]:
+def _limit(attempt: Attempt, deadline: float | None) -> tuple[float, bool]:
     """The earlier of the surface's deadline and ``total_s``; True when it is the surface's."""
     hard = attempt.total_deadline
-    if plan.deadline is not None and plan.deadline <= hard:
-        return plan.deadline, True
+    if deadline is not None and deadline <= hard:
+        return deadline, True
     return hard, False
 
 
@@ -300,7 +312,7 @@ async def _relay_stream(
     finished = False
     keep = plan.filter  # takes the usage chunk out for a client that did not ask for it
 
-    limit, ours = _limit(attempt, plan)
+    limit, ours = _limit(attempt, plan.deadline)
     try:
         await out.begin()
         if attempt.first:

@@ -68,6 +68,13 @@ async def post(
             b'{"model": "m", "messages": [{"role": "user"}], "temperature": "hot"}',
             "temperature",
         ),
+        (
+            "/chat/completions",
+            b'{"model": "m", "messages": [{"role": "user"}], "n": 100000}',
+            "n",
+        ),
+        ("/chat/completions", b'{"model": "m", "messages": [{"role": "user"}], "n": 0}', "n"),
+        ("/completions", b'{"model": "m", "prompt": "x", "best_of": 1000}', "best_of"),
         ("/completions", b'{"model": "m"}', "prompt"),
         ("/completions", b'{"model": "m", "prompt": {"a": 1}}', "prompt"),
         ("/chat/completions", b"\xff\xfe", None),

@@ -150,3 +150,22 @@ async def test_answers_that_do_not_generalise(
     relaxed = await make_gateway(policy(up.url, {"audit_fraction": 0}, {"personal": "exact"}))
     assert await ask(relaxed, "Where is my order?") == "miss"
     assert await ask(relaxed, "Where is my order?") == "exact"
+
+
+async def test_the_audit_reads_its_answer_like_the_relay(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """Bounded by server.max_response_bytes (it read any size), and a replica that answers the
+    audit with an HTML page has it counted against its health (it counted as a success)."""
+    up = await make_fake(reply=LONG_ANSWER)
+    semantic = {"audit_fraction": 1.0, "audit_per_minute": 10}
+    gw = await make_gateway(policy(up.url, semantic) + "server:\n  max_response_bytes: 4096\n")
+    assert await ask(gw, "How do I reset my password?") == "miss"
+    replica = gw.runtime.pools["up"].replicas[0]
+    up.fake.queue("big:200000")
+    assert await ask(gw, "How can I reset my password?") == "semantic"
+    up.fake.queue("html")
+    assert await ask(gw, "how can i reset my password") == "semantic"
+    audit = (await report(gw))["audit"]
+    assert (audit["sent"], audit["failed"]) == (2, 2), audit
+    assert replica.consecutive_failures == 1 and replica.last_error, replica

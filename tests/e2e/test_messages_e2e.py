@@ -13,7 +13,14 @@ from typing import Any
 import anthropic
 import pytest
 
-from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, pool_policy
+from tests.conftest import (
+    FakeFactory,
+    GatewayFactory,
+    RunningGateway,
+    build_policy,
+    pool_policy,
+    vllm,
+)
 from tests.e2e.anthropic_fake import API_KEY, FakeAnthropic, start_fake_anthropic
 
 TOOL: Any = {
@@ -196,6 +203,38 @@ async def test_errors_in_anthropics_format(
         )
     assert down.value.status_code == 502
     assert down.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+
+
+async def test_a_prefilled_answer_is_continued(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
+) -> None:
+    """A last assistant message is the start of the answer (Anthropic's prefill): a vLLM backend
+    is told to continue it (it opened a new assistant turn); an OpenAI-compatible API, which has
+    no such option, gets the message as it is."""
+    vllm_up, api_up = await make_fake(), await make_fake()
+    backends = {"up": vllm(vllm_up.url), "api": {"kind": "openai", "base_url": api_up.url}}
+    models = {"m": {"backend": "up", "model": "fake-model"},
+              "o": {"backend": "api", "model": "fake-model"}}  # fmt: skip
+    gw = await make_gateway(build_policy(backends, models))
+    prefilled: Any = [
+        {"role": "user", "content": "Give me JSON."},
+        {"role": "assistant", "content": "{"},
+    ]
+    for model in ("m", "o"):
+        for stream in (False, True):
+            await claude(gw).messages.create(
+                model=model, max_tokens=8, messages=prefilled, stream=stream
+            )
+    await claude(gw).messages.create(model="m", max_tokens=8, messages=prefilled[:1])
+    sent = [r.body for r in vllm_up.fake.requests]
+    assert [(b.get("continue_final_message"), b.get("add_generation_prompt")) for b in sent] == [
+        (True, False),
+        (True, False),
+        (None, None),  # no prefill: vLLM's defaults
+    ]
+    assert sent[0]["messages"][-1] == {"role": "assistant", "content": "{"}
+    assert all("continue_final_message" not in r.body for r in api_up.fake.requests)
+    assert len(api_up.fake.requests) == 2
 
 
 async def test_models_in_anthropics_format(

@@ -281,3 +281,82 @@ async def test_redirects_and_bodiless_statuses_never_reach_the_caller(
         assert "Location" not in resp.headers and "error" in body
     # A redirect followed would have sent the prompt to the address the upstream named.
     assert upstreams.hits["canary"] == 0
+
+
+SMALL_TIER_FAULTS = ["down", "answers_400", "html_answer", "drops_mid_answer", "silent_after_head"]
+
+
+@pytest.mark.parametrize("commit", ["whole", 2])
+@pytest.mark.parametrize("fault", SMALL_TIER_FAULTS)
+async def test_a_cascade_whose_small_tier_fails_is_answered_by_the_large_tier(
+    make_gateway: GatewayFactory, upstreams: Upstreams, fault: str, commit: Any
+) -> None:
+    async def sick(request: web.Request) -> web.StreamResponse:
+        stream = bool((await request.json()).get("stream"))
+        if fault == "answers_400":
+            error = {"error": {"message": "too long for me", "type": "invalid_request_error"}}
+            return web.json_response(error, status=400)
+        if fault == "html_answer":
+            return web.Response(text="<html>oops</html>", content_type="text/html")
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream" if stream else "application/json"}
+        )
+        await resp.prepare(request)
+        await resp.write(chunk("half") if stream else b'{"id": "x", "choi')
+        if fault == "drops_mid_answer":
+            assert request.transport is not None
+            request.transport.close()
+        else:
+            await asyncio.sleep(5)
+        return resp
+
+    small = "http://127.0.0.1:9/v1" if fault == "down" else await upstreams.start("small", sick)
+    large = await upstreams.start("large", answer)
+    health = {"active": False, "eject_after": 2, "cooldown_s": 60}
+    backends = {
+        "small": vllm(small, health=health, timeouts={"idle_s": 0.3}),
+        "large": vllm(large),
+    }
+    tiers = {"tiers": ["small", "large"], "mode": "cascade", "commit": {"tokens": commit}}
+    gw = await make_gateway(build_policy(backends, {"auto": tiers}))
+    body = {"model": "auto", "messages": MESSAGES, "stream": commit != "whole"}
+    seen = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2):
+            async with session.post(gw.base_url + "/chat/completions", json=body) as resp:
+                data = await resp.read()
+                seen.append((resp.status, resp.headers.get("x-gateway-tier")))
+            assert b"fine" in data and (b"[DONE]" in data or commit == "whole"), data
+    # Before: 503 "the small tier answered 400", a 500 or an error event; a broken, silent or
+    # non-JSON small answer was counted as the replica's success.
+    assert seen == [(200, "large"), (200, "large")]
+    replica = gw.runtime.pools["small"].replicas[0]
+    to_blame = fault != "answers_400"  # a 4xx is the request's, never the replica's failure
+    assert replica.healthy is not to_blame, replica.last_error
+
+
+async def test_a_failed_hedge_is_counted_in_the_502(
+    make_gateway: GatewayFactory, upstreams: Upstreams
+) -> None:
+    async def slow_then_500(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        await asyncio.sleep(0.3)
+        return web.json_response({"error": {"message": "boom"}}, status=500)
+
+    a = await upstreams.start("a", slow_then_500)
+    b = await upstreams.start("b", slow_then_500)
+    surface = {"match": {"header": "chat"}, "budget": {"ttft_ms": 5000},
+               "actions": {"hedge": {"enabled": True, "delay_ms": 100, "max_fraction": 1.0}}}  # fmt: skip
+    policy = build_policy(
+        {"up": vllm(a, b, health={"eject_after": 10})},
+        {"m": {"backend": "up", "model": "x"}},
+        surfaces={"chat": surface},
+    )
+    gw = await make_gateway(policy)
+    with pytest.raises(openai.APIStatusError) as caught:
+        await gw.client.chat.completions.create(
+            model="m", messages=MESSAGES, stream=True, extra_headers={"X-Surface": "chat"}
+        )
+    assert caught.value.status_code == 502
+    assert upstreams.hits == {"a": 1, "b": 1}
+    assert "(2 attempt(s))" in caught.value.message  # the hedge's failure was not counted

@@ -101,3 +101,25 @@ async def test_messages_create_stream_and_count_tokens(gw: RunningGateway) -> No
         assert count.input_tokens == prompt  # vLLM's tokenizer, the prompt it really ran
     finally:
         await client.close()
+
+
+async def test_a_prefilled_answer_is_continued_by_vllm(gw: RunningGateway) -> None:
+    client = anthropic.AsyncAnthropic(base_url=gw.root, api_key="unused", max_retries=0)
+    prefilled: Any = [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "The standard library"},
+    ]
+    try:
+        message = await client.messages.create(
+            model="default", max_tokens=4, messages=prefilled, extra_body=GREEDY
+        )
+    finally:
+        await client.close()
+    chat = await gw.client.chat.completions.create(
+        model="default", max_tokens=4, messages=prefilled, temperature=0
+    )
+    assert chat.usage is not None
+    # The chat request, with vLLM's defaults, closes the assistant's turn and opens another
+    # (more prompt tokens); the Messages request continues the prefilled text.
+    prompt = message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
+    assert 0 < prompt < chat.usage.prompt_tokens
