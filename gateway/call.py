@@ -156,11 +156,15 @@ class Call:
 
 
 def upstream_headers(request: web.Request) -> CIMultiDict[str]:
-    """What travels upstream of the caller's headers (never its API key)."""
-    headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json"})
+    """What travels upstream of the caller's headers (never its API key), each only when it is
+    printable ASCII of at most 1 KiB; and the request's id, the gateway's (its logs and the
+    replica's then name the same request), never the caller's raw header."""
+    headers: CIMultiDict[str] = CIMultiDict(
+        {"Content-Type": "application/json", "x-request-id": request[REQUEST_ID]}
+    )
     for name in FORWARDED_HEADERS:
         value = request.headers.get(name)
-        if value is not None:
+        if value is not None and len(value) <= 1024 and value.isascii() and value.isprintable():
             headers[name] = value
     return headers
 

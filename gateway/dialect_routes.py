@@ -10,6 +10,7 @@ in the caller's tenant only. Messages errors leave in Anthropic's format and sta
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,13 +22,14 @@ from gateway.conversations import StoredResponse, StoreUnavailable
 from gateway.dialects import MessagesCall, ResponsesCall
 from gateway.errors import BadRequest, GatewayError, NotFound, Unavailable, UpstreamError
 from gateway.keys import LIVE, ORCHESTRATOR
-from gateway.orchestrator import LABELS_KEY
+from gateway.orchestrator import LABELS_KEY, UNKNOWN_MODEL
 from gateway.protocol import anthropic_messages_output as messages_out
-from gateway.protocol import strict_json, token_count
+from gateway.protocol import strict_json, token_count, upstream_json
 from gateway.protocol.anthropic_messages import MessagesRequest, read_messages_request
 from gateway.protocol.openai import Endpoint, ParsedRequest
 from gateway.protocol.responses import read_responses_request, relayed_request
 from gateway.runtime import Runtime
+from gateway.upstream.client import read_capped
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -41,11 +43,13 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/v1/messages/count_tokens", _anthropic(_count_tokens))
 
 
-def _read_model(request: web.Request, raw: bytes) -> dict[str, Any]:
+def _read_model(request: web.Request, rt: Runtime, raw: bytes) -> dict[str, Any]:
     """The body, checked to be an object with a model; the request is labelled with the model
-    so the metrics count it however it ends (an unknown model, a missing previous response)."""
+    so the metrics count it however it ends (a missing previous response, a 400), when it is
+    one the policy serves: a caller's arbitrary name never becomes a label."""
     body = _json_object(raw)
-    request[LABELS_KEY] = (body["model"], "", "")
+    model = body["model"]
+    request[LABELS_KEY] = (model if model in rt.policy.models else UNKNOWN_MODEL, "", "")
     return body
 
 
@@ -79,7 +83,7 @@ async def _create_response(request: web.Request) -> web.StreamResponse:
     rt = request.app[LIVE].current
     tenant = rt.authenticate(request.headers)
     raw = await read_body(request, rt.policy.server)
-    body = _read_model(request, raw)
+    body = _read_model(request, rt, raw)
     passthrough = _passthrough(rt, Endpoint.RESPONSES, raw, body)
     if passthrough is not None:  # the upstream checks the request and keeps its state
         request_ = relayed_request(body["model"], passthrough.stream)
@@ -182,7 +186,7 @@ async def _messages(request: web.Request) -> web.StreamResponse:
     rt = request.app[LIVE].current
     tenant = rt.authenticate(request.headers)
     raw = await read_body(request, rt.policy.server)
-    body = _read_model(request, raw)
+    body = _read_model(request, rt, raw)
     passthrough = _passthrough(rt, Endpoint.MESSAGES, raw, body)
     if passthrough is not None:  # Anthropic itself checks the request
         untranslated = MessagesRequest(body["model"], passthrough.stream, {}, ())
@@ -208,27 +212,32 @@ async def _count_tokens(request: web.Request) -> web.Response:
         )  # fmt: skip
     base = replicas[0].base_url
     timeout = aiohttp.ClientTimeout(total=target.timeouts.first_byte_s)
+    limit = rt.policy.server.max_response_bytes
+    # Never a redirect (it would carry the prompt, and a provider's key, elsewhere); the answer
+    # read under server.max_response_bytes, as every upstream answer is.
+    post = functools.partial(pool.session.post, timeout=timeout, allow_redirects=False)
     try:
         if target.provider is not None and rt.native(target, Endpoint.MESSAGES):
             sent = {**body, "model": target.upstream_model}
             headers = {**target.provider.headers, "Content-Type": "application/json"}
-            url = f"{base}/messages/count_tokens"
-            async with pool.session.post(url, json=sent, headers=headers, timeout=timeout) as r:
-                return web.Response(
-                    status=r.status, body=await r.read(), content_type="application/json"
-                )
+            async with post(f"{base}/messages/count_tokens", json=sent, headers=headers) as r:
+                answer = await read_capped(r, limit)
+                ok = r.status == 200 and isinstance(upstream_json.loads(answer), dict)
+                if not ok and not 400 <= r.status < 500:
+                    raise UpstreamError(
+                        f"the backend's token count answered {r.status}", code="bad_gateway"
+                    )
+                return web.Response(status=r.status, body=answer, content_type="application/json")
         chat = read_messages_request(body, count_only=True).chat
         if pool.settings.kind != "vllm":
             return web.json_response({"input_tokens": token_count.estimate(chat)})
         sent = token_count.tokenize_body(chat, target.upstream_model)
         url = token_count.tokenize_url(base)
-        async with pool.session.post(
-            url, json=sent, headers=pool.auth_headers(), timeout=timeout
-        ) as r:
+        async with post(url, json=sent, headers=pool.auth_headers()) as r:
             if r.status == 404:  # a server without vLLM's tokenizer endpoint
                 return web.json_response({"input_tokens": token_count.estimate(chat)})
-            data = await r.json(content_type=None) if r.status == 200 else None
-            count = token_count.read_count(data)
+            answer = await read_capped(r, limit)
+            count = token_count.read_count(upstream_json.loads(answer)) if r.status == 200 else None
             if count is None:
                 raise UpstreamError(
                     f"the backend's tokenizer answered {r.status}", code="bad_gateway"

@@ -47,6 +47,9 @@ MAX_CHUNK_LINE = 4096  # a chunk-size line with its extensions
 HIGH_WATER = 64 * 1024  # bytes buffered ahead of the reader: reading pauses above this
 DECODE_STEP = 64 * 1024  # most decoded bytes one read returns of a compressed body
 ACCEPT_ENCODING = "gzip, deflate"
+# A control byte in a head (but a tab, and CR LF between lines): a bare CR or LF would split a
+# header in two on the way to the client (or make aiohttp's server refuse the answer).
+_HEAD_CTL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # searched with the CR LFs taken out
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")  # a chunk size: hex digits only (no sign, no "_")
 
 
@@ -489,7 +492,10 @@ class _Conn(asyncio.Protocol):
             return -pos - 1
         if end - pos > MAX_HEAD:
             raise BadAnswer("the answer's head is too large")
-        lines = data[pos:end].decode("latin-1").split("\r\n")  # one decode for the whole head
+        head = data[pos:end]
+        if _HEAD_CTL.search(head.replace(b"\r\n", b"")) is not None:
+            raise BadAnswer("the answer's head holds a control character")
+        lines = head.decode("latin-1").split("\r\n")  # one decode for the whole head
         status_line = lines[0]
         if not status_line.startswith("HTTP/1.") or len(status_line) < 12:
             raise BadAnswer("not an HTTP/1.x answer")

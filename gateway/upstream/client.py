@@ -32,7 +32,6 @@ from routing.replica import Replica
 FORWARDED_HEADERS = (
     "traceparent",
     "tracestate",
-    "x-request-id",
     "x-vllm-priority",
     "anthropic-beta",
 )

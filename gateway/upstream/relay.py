@@ -57,16 +57,16 @@ from routing.http1 import Http1Response
 
 log = logging.getLogger("llm_gateway.relay")
 
-_HOP_BY_HOP = {
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "content-encoding",
-    "x-request-id",  # the caller's id is the gateway's (RelayPlan.headers), never the upstream's
-    "server",  # the gateway's own (vLLM's says "uvicorn", in lower case)
-    "date",
-}
+# What of an upstream's head reaches the client: what its answer is, when to come back, and
+# the provider's processing time and API version. Nothing hop-by-hop (or named in its
+# Connection), no cookie, no Location naming an internal address, no CORS grant (the
+# gateway's own ``server.cors`` decides), no account name (``openai-organization``), no
+# provider rate limits (they describe the gateway's account; a limited tenant gets its own,
+# from the gateway's limiter), and never the upstream's request id (the caller's id is the
+# gateway's, RelayPlan.headers).
+_RELAYED = frozenset(
+    {"content-type", "retry-after", "retry-after-ms", "openai-processing-ms", "openai-version"}
+)
 Watcher = Callable[[bytes], None]
 
 
@@ -120,17 +120,8 @@ class Relayed:
     attempt: Attempt | None  # None for a cache hit
 
 
-# A provider's rate limit headers describe the gateway's account, not the client's: never
-# relayed (a limited tenant gets its own, from the gateway's limiter).
-_PROVIDER_LIMITS = ("x-ratelimit-", "anthropic-ratelimit-")
-
-
 def response_headers(upstream: UpstreamResponse, extra: dict[str, str]) -> dict[str, str]:
-    headers = {
-        k: v
-        for k, v in upstream.headers.items()
-        if k.lower() not in _HOP_BY_HOP and not k.lower().startswith(_PROVIDER_LIMITS)
-    }
+    headers = {k: v for k, v in upstream.headers.items() if k.lower() in _RELAYED}
     headers.update(extra)
     return headers
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import anthropic
 import pytest
+from aiohttp import web
 
 from tests.conftest import (
     FakeFactory,
@@ -19,6 +20,7 @@ from tests.conftest import (
     RunningGateway,
     build_policy,
     pool_policy,
+    serve,
     vllm,
 )
 from tests.e2e.anthropic_fake import API_KEY, FakeAnthropic, start_fake_anthropic
@@ -155,6 +157,52 @@ async def test_count_tokens_uses_vllms_tokenizer(
     assert tokenize.body["model"] == "fake-model"
     assert tokenize.body["messages"][-1] == {"role": "user", "content": "one two three"}
     assert count.input_tokens == (3 + 2) + (3 + 3)  # the fake's count: words + 3 per message
+
+
+async def test_count_tokens_never_follows_a_redirect(
+    make_gateway: GatewayFactory, claude: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A redirect re-POSTed the prompt (and, to an Anthropic backend, the provider's key) to
+    the origin the upstream named, and relayed that origin's answer."""
+    canary_hits: list[dict[str, str]] = []
+
+    async def canary(request: web.Request) -> web.Response:
+        canary_hits.append(dict(request.headers))
+        return web.json_response({"count": 1, "input_tokens": 1})
+
+    canary_app = web.Application()
+    canary_app.router.add_post("/{tail:.*}", canary)
+    canary_runner, canary_url = await serve(canary_app)
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(canary_url + "/steal")
+
+    async def healthy(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", redirect)
+    app.router.add_get("/health", healthy)
+    runner, url = await serve(app)
+    monkeypatch.setenv("TEST_ANTHROPIC_KEY", "sk-provider-secret")
+    backends = {
+        "up": vllm(url),
+        "claude": {"kind": "anthropic", "base_url": url, "api_key_env": "TEST_ANTHROPIC_KEY"},
+    }
+    models = {"m": {"backend": "up", "model": "fake-model"},
+              "c": {"backend": "claude", "model": "claude-test-1"}}  # fmt: skip
+    gw = await make_gateway(build_policy(backends, models))
+    try:
+        for model in ("m", "c"):
+            with pytest.raises(anthropic.APIStatusError) as caught:
+                await claude(gw).messages.count_tokens(
+                    model=model, messages=[{"role": "user", "content": "my secret question"}]
+                )
+            assert caught.value.status_code == 502
+        assert canary_hits == []
+    finally:
+        await runner.cleanup()
+        await canary_runner.cleanup()
 
 
 async def test_keys_by_x_api_key_or_bearer_and_a_wrong_key(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import re
+from typing import Any
 
 import aiohttp
 import openai
@@ -45,12 +46,16 @@ async def test_unknown_and_hostile_model_names_never_become_labels(
     names = [
         "".join(rng.choice("abcxyz019-_./ \u00e9\u4e2d") for _ in range(24)) for _ in range(300)
     ]
+    message = [{"role": "user", "content": "x"}]
+    bodies = [  # every API: the Messages and Responses routes labelled the raw name
+        ("/chat/completions", {"messages": message}),
+        ("/responses", {"input": "x"}),
+        ("/messages", {"max_tokens": 5, "messages": message}),
+    ]
     async with aiohttp.ClientSession() as s:
-        for name in names:
-            async with s.post(
-                gw.base_url + "/chat/completions",
-                json={"model": name, "messages": [{"role": "user", "content": "x"}]},
-            ) as r:
+        for i, name in enumerate(names):
+            path, body = bodies[i % len(bodies)]
+            async with s.post(gw.base_url + path, json={"model": name, **body}) as r:
                 assert r.status == 404
         async with s.post(
             gw.base_url + "/chat/completions",
@@ -98,6 +103,12 @@ async def test_unauthorized_requests_are_counted(
     assert requests_total(text, "unknown", 401) == 3
 
 
+def sent_id(fake: Any) -> str | None:
+    """The x-request-id the upstream received last."""
+    headers = {k.lower(): v for k, v in fake.fake.requests[-1].headers.items()}
+    return headers.get("x-request-id")
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_answers_carry_the_callers_request_id_not_the_upstreams(
     make_fake: FakeFactory, make_gateway: GatewayFactory, stream: bool
@@ -118,6 +129,14 @@ async def test_answers_carry_the_callers_request_id_not_the_upstreams(
     )  # fmt: skip
     ids = raw.headers.get_list("x-request-id")
     assert len(ids) == 1 and ids[0] != "fake-upstream-request-id"
+    # the gateway's own id goes upstream too (it sent none), and never a raw id it replaced
+    assert sent_id(fake) == ids[0]
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "x"}], stream=stream,
+        extra_headers={"X-Request-Id": "x" * 300},
+    )  # fmt: skip
+    ids = raw.headers.get_list("x-request-id")
+    assert len(ids) == 1 and sent_id(fake) == ids[0]
     # a caller's id that is not printable ASCII is not echoed: a fresh one is made
     port = int(gw.root.rsplit(":", 1)[1])
     answer = await send(port, build("GET", "/healthz", [(b"X-Request-Id", b"id-\xc3\xa9\xff")]), 10)

@@ -370,6 +370,9 @@ async def test_closing_an_answer_mid_body_closes_its_connection() -> None:
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 2\r\n\r\nxx",
         b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (70 * 1024) + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-A: 1\nSet-Cookie: injected=1\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-A: 1\rSet-Cookie: injected=1\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-A: 1\x00\r\nContent-Length: 0\r\n\r\n",
     ],
     ids=[
         "not-http",
@@ -383,6 +386,9 @@ async def test_closing_an_answer_mid_body_closes_its_connection() -> None:
         "chunk-overrun",
         "unknown-coding",
         "huge-head",
+        "bare-lf-in-head",
+        "bare-cr-in-head",
+        "nul-in-head",
     ],
 )
 @on_both_loops
