@@ -47,7 +47,7 @@ async def test_unknown_and_hostile_model_names_never_become_labels(
         "".join(rng.choice("abcxyz019-_./ \u00e9\u4e2d") for _ in range(24)) for _ in range(300)
     ]
     message = [{"role": "user", "content": "x"}]
-    bodies = [  # every API: the Messages and Responses routes labelled the raw name
+    bodies: list[tuple[str, dict[str, Any]]] = [  # every API (Messages, Responses: raw names)
         ("/chat/completions", {"messages": message}),
         ("/responses", {"input": "x"}),
         ("/messages", {"max_tokens": 5, "messages": message}),
