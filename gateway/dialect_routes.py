@@ -39,8 +39,8 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/v1/responses/{id}", _get_response)
     router.add_delete("/v1/responses/{id}", _delete_response)
     router.add_get("/v1/responses/{id}/input_items", _input_items)
-    router.add_post("/v1/messages", _anthropic(_messages))
-    router.add_post("/v1/messages/count_tokens", _anthropic(_count_tokens))
+    router.add_post("/v1/messages", anthropic_errors(_messages))
+    router.add_post("/v1/messages/count_tokens", anthropic_errors(_count_tokens))
 
 
 def _read_model(request: web.Request, rt: Runtime, raw: bytes) -> dict[str, Any]:
@@ -99,16 +99,28 @@ async def _create_response(request: web.Request) -> web.StreamResponse:
 
 
 async def _stored(rt: Runtime, tenant: str, response_id: str, param: str) -> StoredResponse:
+    """The tenant's stored response (another tenant's is not found, like an unknown id). As a
+    ``previous_response_id`` it is a 400 ``previous_response_not_found``, as OpenAI answers
+    (clients reset their chain on that code); by its path, a 404."""
     try:
         record = await rt.responses.get(tenant, response_id)
     except StoreUnavailable as exc:
-        raise Unavailable(
-            "the response store is unavailable", code="store_unavailable",
-            headers={"Retry-After": rt.retry_after},
-        ) from exc  # fmt: skip
+        raise _store_unavailable(rt) from exc
+    if record is None and param == "previous_response_id":
+        raise BadRequest(
+            f"Previous response with id '{response_id}' not found.",
+            param=param, code="previous_response_not_found",
+        )  # fmt: skip
     if record is None:
         raise NotFound(f"Response with id '{response_id}' not found.", param=param)
     return record
+
+
+def _store_unavailable(rt: Runtime) -> Unavailable:
+    return Unavailable(
+        "the response store is unavailable", code="store_unavailable",
+        headers={"Retry-After": rt.retry_after},
+    )  # fmt: skip
 
 
 async def _get_response(request: web.Request) -> web.Response:
@@ -125,7 +137,7 @@ async def _delete_response(request: web.Request) -> web.Response:
     try:
         deleted = await rt.responses.delete(tenant, response_id)
     except StoreUnavailable as exc:
-        raise Unavailable("the response store is unavailable", code="store_unavailable") from exc
+        raise _store_unavailable(rt) from exc
     if not deleted:
         raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
     return web.json_response({"id": response_id, "object": "response.deleted", "deleted": True})
@@ -168,10 +180,13 @@ async def _input_items(request: web.Request) -> web.Response:
 # --- Anthropic's Messages API ------------------------------------------------------------------
 
 
-def _anthropic(handler: Handler) -> Handler:
-    """Errors in Anthropic's format, ``{"type": "error", "error": {"type", "message"}}``."""
+def anthropic_errors(handler: Handler, versioned: bool = False) -> Handler:
+    """Errors in Anthropic's format, ``{"type": "error", "error": {"type", "message"}}``; with
+    ``versioned``, only for a caller that sends ``anthropic-version`` (a route both APIs share)."""
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
+        if versioned and "anthropic-version" not in request.headers:
+            return await handler(request)
         try:
             return await handler(request)
         except GatewayError as exc:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from gateway.dialect_routes import anthropic_errors
 from gateway.errors import NotFound
 from gateway.keys import LIVE, METRICS, ORCHESTRATOR
-from gateway.protocol.anthropic_messages_output import models_page
+from gateway.protocol.anthropic_messages_output import model_object, models_page
 from gateway.protocol.openai import Endpoint
 
 
@@ -15,8 +16,8 @@ def add_routes(router: web.UrlDispatcher, metrics: bool = True) -> None:
     router.add_post("/v1/chat/completions", _chat)
     router.add_post("/v1/completions", _completions)
     router.add_post("/v1/embeddings", _embeddings)
-    router.add_get("/v1/models", _models)
-    router.add_get("/v1/models/{model:.+}", _model)
+    router.add_get("/v1/models", anthropic_errors(_models, versioned=True))
+    router.add_get("/v1/models/{model:.+}", anthropic_errors(_model, versioned=True))
     router.add_get("/healthz", _healthz)
     router.add_get("/readyz", _readyz)
     if metrics:
@@ -58,6 +59,8 @@ async def _model(request: web.Request) -> web.Response:
     name = request.match_info["model"]
     if name not in rt.model_names():
         raise NotFound(f"The model '{name}' does not exist", code="model_not_found", param="model")
+    if "anthropic-version" in request.headers:
+        return web.json_response(model_object(name))
     return web.json_response(_model_object(name))
 
 

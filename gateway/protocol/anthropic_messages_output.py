@@ -170,6 +170,8 @@ def from_openai_error(status: int, raw: bytes) -> tuple[int, bytes]:
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         message = error["message"]
+    elif isinstance(data, dict) and isinstance(data.get("message"), str):
+        message = data["message"]  # the flat form of older vLLM and other OpenAI-like servers
     mapped = error_status(status)
     body = error_body(mapped, message or f"the upstream answered {status}")
     return mapped, json.dumps(body).encode()
@@ -178,17 +180,14 @@ def from_openai_error(status: int, raw: bytes) -> tuple[int, bytes]:
 # --- models ----------------------------------------------------------------------------------
 
 
+def model_object(name: str) -> dict[str, Any]:
+    """``GET /v1/models/{name}`` as Anthropic describes a model."""
+    return {"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+
+
 def models_page(names: list[str]) -> dict[str, Any]:
     """``GET /v1/models`` as Anthropic lists models (one page holding every name)."""
-    data = [
-        {
-            "type": "model",
-            "id": name,
-            "display_name": name,
-            "created_at": "1970-01-01T00:00:00Z",
-        }
-        for name in names
-    ]
+    data = [model_object(name) for name in names]
     return {
         "data": data,
         "has_more": False,

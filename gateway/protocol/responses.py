@@ -152,7 +152,17 @@ def _items(value: Any) -> list[dict[str, Any]]:
         return [_message("user", [{"type": "input_text", "text": value}])]
     if not isinstance(value, list):
         raise BadRequest("'input' must be a string or an array of items", param="input")
-    return [_item(item, f"input[{i}]") for i, item in enumerate(value)]
+    items = [_item(item, f"input[{i}]") for i, item in enumerate(value)]
+    seen: set[str] = set()
+    for i, item in enumerate(items):  # an id names one item (input_items pages by it)
+        if item["id"] in seen:
+            raise BadRequest(
+                f"Duplicate item found with id {item['id']}. Remove the duplicate item and try "
+                "again.",
+                param=f"input[{i}].id",
+            )
+        seen.add(item["id"])
+    return items
 
 
 def _message(role: str, content: list[dict[str, Any]], id_: str | None = None) -> dict[str, Any]:

@@ -174,6 +174,14 @@ class ResponsesStream:
                 output_index=item.index,
                 delta=fragment,
             )
+            if self._output[item.index]:
+                # A late fragment: the upstream interleaves parallel calls' arguments, and this
+                # call was closed when the next one opened. Its place in the final response
+                # takes the whole arguments (they were lost), as a client's snapshot does.
+                arguments = "".join(item.text)
+                self._output[item.index] = function_call_item(
+                    item.call_id, item.name, arguments, item.id, "completed"
+                )
 
     # --- items --------------------------------------------------------------------------------
 

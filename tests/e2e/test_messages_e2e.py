@@ -296,6 +296,12 @@ async def test_models_in_anthropics_format(
     assert [m.id for m in page.data] == [m.id for m in openai_page.data]
     assert "m" in [m.id for m in page.data]
     assert all(m.object == "model" for m in openai_page.data)
+    one = await claude(gw).models.retrieve("m")  # it was OpenAI's object: no type, no name
+    assert (one.type, one.id, one.display_name) == ("model", "m", "m")
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        await claude(gw).models.retrieve("nope")
+    assert missing.value.body["type"] == "error"  # type: ignore[index]
+    assert (await gw.client.models.retrieve("m")).object == "model"
 
 
 # --- a kind: anthropic backend: untranslated ---------------------------------------------------

@@ -152,8 +152,10 @@ async def test_previous_response_id_across_two_gateways_sharing_redis(
     await two.client.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         await one.client.responses.retrieve(first.id)
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.BadRequestError) as gone:  # OpenAI's answer: a 400 with a code
         await one.client.responses.create(model="m", input="x", previous_response_id=first.id)
+    assert gone.value.code == "previous_response_not_found"
+    assert gone.value.param == "previous_response_id"
 
 
 async def test_a_tenant_never_reads_anothers_response(
@@ -168,11 +170,14 @@ async def test_a_tenant_never_reads_anothers_response(
             other.responses.retrieve(mine.id),
             other.responses.input_items.list(mine.id),
             other.responses.delete(mine.id),
-            other.responses.create(model="m", input="x", previous_response_id=mine.id),
         ):
             with pytest.raises(openai.NotFoundError) as info:
                 await call
             assert "secret" not in str(info.value.body)
+        with pytest.raises(openai.BadRequestError) as unknown:  # as an unknown id answers
+            await other.responses.create(model="m", input="x", previous_response_id=mine.id)
+        assert unknown.value.code == "previous_response_not_found"
+        assert "secret" not in str(unknown.value.body)
     finally:
         await other.close()
     assert (await gw.client.responses.retrieve(mine.id)).id == mine.id  # still there

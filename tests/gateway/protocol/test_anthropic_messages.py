@@ -388,6 +388,9 @@ def test_errors_in_anthropics_format_and_statuses() -> None:
         "type": "error",
         "error": {"type": "overloaded_error", "message": "no replica"},
     }
+    flat = b'{"object": "error", "message": "prompt is too long", "type": "BadRequestError"}'
+    status, body = from_openai_error(400, flat)  # older vLLM's form: the message was lost
+    assert json.loads(body)["error"]["message"] == "prompt is too long"
     status, body = from_openai_error(502, b"<html>")
     assert status == 502 and json.loads(body)["error"]["type"] == "api_error"
     for code, kind in [

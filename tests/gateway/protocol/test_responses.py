@@ -222,6 +222,9 @@ def test_input_items_are_normalised_with_ids() -> None:
     assert request.store is True
 
 
+TWICE = {"role": "user", "content": "a", "id": "msg_1"}
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -243,6 +246,7 @@ def test_input_items_are_normalised_with_ids() -> None:
         ({"input": "x", "stream": "yes"}, "stream"),
         ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
         ({}, "input"),
+        ({"input": [TWICE, TWICE]}, "input[1].id"),  # input_items paged a repeated id forever
     ],
 )
 def test_what_cannot_be_served_is_a_400_naming_the_parameter(

@@ -178,3 +178,29 @@ def test_streamed_logprobs_come_with_their_deltas() -> None:
     final = Response.model_validate(told[-1][1]["response"])
     item: Any = final.output[0]
     assert item.content[0].logprobs[0].logprob == -0.5
+
+
+def test_interleaved_parallel_calls_keep_every_argument() -> None:
+    """An upstream that sends both calls' heads, then their arguments by turns: the first call
+    was closed when the second opened, and its arguments were lost from the final response."""
+
+    def head(index: int, name: str) -> dict[str, Any]:
+        call = {"index": index, "id": f"c{index}", "type": "function"}
+        return {**call, "function": {"name": name, "arguments": ""}}
+
+    def part(index: int, text: str) -> bytes:
+        return chunk({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+
+    stream = (
+        chunk({"role": "assistant", "tool_calls": [head(0, "f"), head(1, "g")]})
+        + part(0, '{"city"')
+        + part(1, '{"city"')
+        + part(0, ': "Paris"}')
+        + part(1, ': "Rome"}')
+        + chunk(finish="tool_calls")
+        + DONE
+    )
+    _, told = run(stream)
+    final = Response.model_validate(told[-1][1]["response"])
+    calls = [(i.call_id, i.arguments) for i in final.output if i.type == "function_call"]
+    assert calls == [("c0", '{"city": "Paris"}'), ("c1", '{"city": "Rome"}')]
