@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from policies import redact
 from policies.routing import LeastLoadedRouting, RoutingConfig
 from policies.strict import Strict
 
@@ -31,7 +32,12 @@ _URL = re.compile(r"^https?://[^/\s]+(/\S*)?$")
 
 def _check_url(value: str) -> str:
     if not _URL.match(value):
-        raise ValueError(f"not an http(s) URL: {value!r}")
+        raise ValueError(f"not an http(s) URL: {redact.url(value)!r}")
+    if redact.has_userinfo(value):  # user:password@host: it would name the replica everywhere
+        raise ValueError(
+            f"credentials in a URL ({redact.url(value)!r}): give the key with api_key or "
+            "api_key_env, never in the URL (it names the replica in headers, metrics and logs)"
+        )
     return value.rstrip("/")
 
 

@@ -49,13 +49,14 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from policies import redact
 from policies.strict import Strict
 
 
 def redis_url(value: str | None) -> str | None:
     """A redis:// URL, or None for an empty value."""
     if value and not value.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError(f"not a redis:// URL: {value!r}")
+        raise ValueError(f"not a redis:// URL: {redact.url(value)!r}")
     return value or None
 
 
@@ -139,7 +140,7 @@ class TelemetryConfig(Strict):
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(f"endpoint must be an http(s) URL: {value!r}")
+            raise ValueError(f"endpoint must be an http(s) URL: {redact.url(value)!r}")
         return value.rstrip("/") if value is not None else None
 
 

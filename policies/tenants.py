@@ -88,5 +88,8 @@ class Tenant(Strict):
     def _digests(cls, value: list[str]) -> list[str]:
         for digest in value:
             if not _HEX64.match(digest):
-                raise ValueError(f"not a lowercase hex sha256 digest: {digest!r}")
+                raise ValueError(  # never the value: it may be the key itself
+                    f"not a lowercase hex sha256 digest (a value of {len(digest)} characters); "
+                    "give the key's digest (sha256sum), or the key itself in api_keys"
+                )
         return value

@@ -170,3 +170,42 @@ def test_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(PolicyError) as info:
         load_policy(tmp_path / "missing.yaml")
     assert "cannot read" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        (  # a replica named by its URL everywhere: the password went to headers and /metrics
+            '"http://127.0.0.1:8001/v1",',
+            '"http://bob:URLPASS@127.0.0.1:8001/v1",',
+            "p.yaml:7: backends.pool.replicas: credentials in a URL ('http://***@127.0.0.1",
+        ),
+        (
+            "base_url: https://api.example.com/v1",
+            "base_url: https://bob:URLPASS@api.example.com/v1",
+            "p.yaml:10: backends.ext.base_url: credentials in a URL",
+        ),
+        (
+            '"http://127.0.0.1:8001/v1",',
+            '"htp://bob:URLPASS@127.0.0.1:8001/v1",',
+            "p.yaml:7: backends.pool.replicas: not an http(s) URL: 'htp://***@",
+        ),
+        (  # a key put where its digest belongs
+            'a: {api_keys: ["${KEY_A}"]}',
+            'a: {api_key_sha256: ["${KEY_A}"]}',
+            "p.yaml:19: tenants.a.api_key_sha256: not a lowercase hex sha256 digest",
+        ),
+        (
+            "version: 1\n",
+            "version: 1\nshared_state: {redis_url: 'redsi://u:URLPASS@h:6379'}\n",
+            "p.yaml:2: shared_state.redis_url: not a redis:// URL: 'redsi://***@h",
+        ),
+    ],
+)
+def test_a_bad_value_that_may_hold_a_secret_is_never_printed(
+    old: str, new: str, expected: str
+) -> None:
+    assert old in GOOD
+    found = errors(GOOD.replace(old, new, 1))
+    assert any(e.startswith(expected) for e in found), found
+    assert not [e for e in found if "URLPASS" in e or ENV["KEY_A"] in e], found
