@@ -22,6 +22,7 @@ from gateway.conversations import StoredResponse, StoreUnavailable
 from gateway.dialects import MessagesCall, ResponsesCall
 from gateway.errors import BadRequest, GatewayError, NotFound, Unavailable, UpstreamError
 from gateway.keys import LIVE, ORCHESTRATOR
+from gateway.middleware import expect_continue
 from gateway.orchestrator import LABELS_KEY, UNKNOWN_MODEL
 from gateway.protocol import anthropic_messages_output as messages_out
 from gateway.protocol import strict_json, token_count, upstream_json
@@ -35,12 +36,14 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_post("/v1/responses", _create_response)
+    router.add_post("/v1/responses", _create_response, expect_handler=expect_continue)
     router.add_get("/v1/responses/{id}", _get_response)
     router.add_delete("/v1/responses/{id}", _delete_response)
     router.add_get("/v1/responses/{id}/input_items", _input_items)
-    router.add_post("/v1/messages", anthropic_errors(_messages))
-    router.add_post("/v1/messages/count_tokens", anthropic_errors(_count_tokens))
+    router.add_post("/v1/messages", anthropic_errors(_messages), expect_handler=expect_continue)
+    router.add_post(
+        "/v1/messages/count_tokens", anthropic_errors(_count_tokens), expect_handler=expect_continue
+    )
 
 
 def _read_model(request: web.Request, rt: Runtime, raw: bytes) -> dict[str, Any]:

@@ -7,15 +7,16 @@ from aiohttp import web
 from gateway.dialect_routes import anthropic_errors
 from gateway.errors import NotFound
 from gateway.keys import LIVE, METRICS, ORCHESTRATOR
+from gateway.middleware import expect_continue
 from gateway.protocol.anthropic_messages_output import model_object, models_page
 from gateway.protocol.openai import Endpoint
 
 
 def add_routes(router: web.UrlDispatcher, metrics: bool = True) -> None:
     """``metrics=False``: a worker group answers ``/metrics`` itself (``gateway.workgroup``)."""
-    router.add_post("/v1/chat/completions", _chat)
-    router.add_post("/v1/completions", _completions)
-    router.add_post("/v1/embeddings", _embeddings)
+    router.add_post("/v1/chat/completions", _chat, expect_handler=expect_continue)
+    router.add_post("/v1/completions", _completions, expect_handler=expect_continue)
+    router.add_post("/v1/embeddings", _embeddings, expect_handler=expect_continue)
     router.add_get("/v1/models", anthropic_errors(_models, versioned=True))
     router.add_get("/v1/models/{model:.+}", anthropic_errors(_model, versioned=True))
     router.add_get("/healthz", _healthz)

@@ -22,11 +22,12 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from gateway.call import LABELS_KEY, STATUS_KEY
 from gateway.errors import GatewayError, error_body
 from gateway.keys import LIVE, METRICS, REQUEST_ID
+from gateway.protocol import anthropic_messages_output as messages_out
 from policies.server import CorsConfig
 
 log = logging.getLogger("llm_gateway")
@@ -115,11 +116,17 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 
 def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
+    """A route's or method's error, in the caller's API: Anthropic's on its routes (or with
+    ``anthropic-version``), else OpenAI's; a 405 keeps aiohttp's ``Allow``."""
+    path = request.rel_url.raw_path  # as sent: "/v1/chat%2Fcompletions" is not a route
+    message = exc.reason if exc.status != 404 else f"unknown route {request.method} {path}"
+    headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+    if path.startswith("/v1/messages") or "anthropic-version" in request.headers:
+        body = messages_out.error_body(messages_out.error_status(exc.status), message)
+        return web.json_response(body, status=exc.status, headers=headers)
     type_ = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
-    message = exc.reason if exc.status != 404 else f"unknown route {request.method} {request.path}"
-    return web.json_response(
-        error_body(message, type_.get(exc.status, "invalid_request_error")), status=exc.status
-    )
+    body = error_body(message, type_.get(exc.status, "invalid_request_error"))
+    return web.json_response(body, status=exc.status, headers=headers)
 
 
 def _internal_error(request: web.Request, request_id: str) -> web.Response:
@@ -184,3 +191,28 @@ async def cors_on_prepare(request: web.Request, response: web.StreamResponse) ->
 def client_gone(request: web.Request) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
+
+
+async def expect_continue(request: web.Request) -> web.Response | None:
+    """``Expect`` on the API's POST routes: only ``100-continue``, and only for a body the policy
+    takes. A declared length over ``server.max_body_bytes`` is a 413 before the client sends a
+    byte of it (aiohttp's default said "100 Continue", then refused it); another expectation is
+    a 417 in JSON (aiohttp's default: plain text that echoed the header)."""
+    if request.version != HttpVersion11:
+        return None
+    if request.headers.get("Expect", "").lower() != "100-continue":
+        error = error_body("only 'Expect: 100-continue' is understood", "invalid_request_error")
+        response = web.json_response(error, status=417)
+    elif (length := request.content_length) is not None and length > (
+        limit := request.app[LIVE].current.policy.server.max_body_bytes
+    ):
+        message = f"request body is over server.max_body_bytes ({limit} bytes)"
+        response = web.json_response(
+            error_body(message, "invalid_request_error", "body_too_large"), status=413
+        )
+    else:
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0
+        return None
+    response.force_close()  # the body the client holds back never comes: the connection ends
+    return response

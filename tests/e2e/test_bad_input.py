@@ -140,8 +140,21 @@ async def test_unknown_route_is_404_json(
         assert r.status == 404
         assert (await r.json())["error"]["type"] == "not_found_error"
     async with aiohttp.ClientSession() as s, s.get(gw.base_url + "/chat/completions") as r:
-        assert r.status == 405
+        assert r.status == 405 and r.headers["Allow"] == "POST"
         assert "error" in await r.json()
+    async with aiohttp.ClientSession() as s, s.post(gw.base_url + "/chat%2Fcompletions") as r:
+        assert r.status == 404  # named as sent, not as the route it decodes to
+        assert (await r.json())["error"]["message"] == "unknown route POST /v1/chat%2Fcompletions"
+    for method, path in [
+        ("GET", "/messages"),
+        ("PUT", "/messages"),
+        ("GET", "/messages/count_tokens"),
+    ]:
+        async with aiohttp.ClientSession() as s, s.request(method, gw.base_url + path) as r:
+            # Anthropic's routes answer in Anthropic's format (they answered OpenAI's)
+            assert r.status == 405
+            body = await r.json()
+            assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
 
 
 DIGEST_B = hashlib.sha256(b"key-of-team-b-123").hexdigest()

@@ -4,6 +4,7 @@ upstream, nothing reaches a log (issue 12, items 8, 9, 10 and 13's key padding).
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import logging
@@ -197,3 +198,38 @@ async def test_bad_authorization_is_a_clean_4xx_and_never_logged(
     assert KEY[8:20] not in logged
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert (await post_raw(root, dumped())).status == 200
+
+
+async def test_expect_is_answered_before_the_body_is_sent(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """A declared body over the limit is a 413 before "100 Continue" (the client was told to
+    send it, then refused); an unknown expectation is a JSON 417 (plain text echoing it)."""
+    up = await make_fake()
+    gw = await make_gateway(policy(up.url, max_body_bytes=2048))
+
+    async def head_only(*headers: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw.root))
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + b"Authorization: Bearer "
+            + KEY.encode()
+            + b"\r\n"
+            + b"".join(headers)
+            + b"\r\n"
+        )
+        first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        if first.startswith(b"HTTP/1.1 100"):
+            writer.write(json.dumps(GOOD).encode())
+            first += await asyncio.wait_for(reader.read(65536), 5)
+        writer.close()
+        return first
+
+    big = await head_only(b"Expect: 100-continue\r\n", b"Content-Length: 5000000\r\n")
+    assert big.startswith(b"HTTP/1.1 413") and b"100 Continue" not in big
+    odd = await head_only(b"Expect: 999-foo\r\n", b"Content-Length: 10\r\n")
+    assert odd.startswith(b"HTTP/1.1 417") and b"application/json" in odd
+    length = str(len(json.dumps(GOOD))).encode()
+    fine = await head_only(b"Expect: 100-continue\r\n", b"Content-Length: " + length + b"\r\n")
+    assert fine.startswith(b"HTTP/1.1 100 Continue") and b"HTTP/1.1 200" in fine
+    assert up.fake.requests and len(up.fake.requests) == 1
