@@ -5,6 +5,7 @@ the gap between them) and by a script of per-request actions that a test queues 
 (``"ok"``, ``"status:503"``, ``"drop"``, ``"hang"``, ``"midstream_drop"``, ``"hold_end:0.2"``:
 a stream's ``data: [DONE]`` sent, its end held back 0.2 s; ``"tool_call"``: a call of the
 request's first tool; ``"html"``: a 200 error page; ``"truncated"``: a JSON answer cut short;
+``"stall_body"``: a JSON answer's headers and first bytes, then nothing more;
 ``"big:N"``: an answer padded by N bytes; ``"ratelimit:0.5"``: a 429 as OpenAI sends it, asking
 to retry in 0.5 s...). With ``gzip`` every answer is compressed whatever the client accepts, as
 CDNs do. Nothing is random. Like vLLM it also serves ``POST /tokenize`` and ``POST
@@ -146,6 +147,8 @@ class FakeUpstream:
             )
         if action == "truncated":  # a JSON answer cut short, then the connection closes
             return await self._truncated(request)
+        if action == "stall_body":  # a JSON answer begun, never finished
+            return await self._stalled(request)
         if action.startswith("big:"):  # a valid answer of about N bytes
             size = int(action.split(":", 1)[1])
             answer = self._full(body, request.path.endswith("/chat/completions"))
@@ -185,6 +188,13 @@ class FakeUpstream:
         assert request.transport is not None
         request.transport.close()
         raise ConnectionResetError("fake truncated answer")
+
+    async def _stalled(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        await resp.write(b'{"id": "fake-1", "object": "chat.completion", "choices": [')
+        await asyncio.sleep(3600)
+        return resp
 
     def _embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         """One 3-dimensional vector per input: (its length, its index, 0.5)."""

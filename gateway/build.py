@@ -30,6 +30,7 @@ from policies.backends import Backend, VllmBackend
 from policies.loader import PolicyError, PolicyIssue, PolicySource
 from policies.models import TieredModelConfig
 from policies.schema import Policy
+from policies.server import SharedStateConfig
 from policies.yamlsource import KeyPath
 from routing.admission import AdmissionQueue
 from routing.factory import RoutingSetupError, build_router
@@ -229,6 +230,7 @@ async def build_runtime(
     for pool in prepared.pools.values():
         if pool.admission is not None:
             pool.admission.settings = policy.admission
+    _configure_limiter(resources.limiter, policy.shared_state)
     latency = previous.latency if previous is not None else None
     return Runtime(policy, source, prepared.pools, resources, prepared.tiers, latency)
 
@@ -287,29 +289,44 @@ def _response_store(policy: Policy, previous: Runtime | None) -> ResponseStore:
 
 
 async def _limiter(policy: Policy, previous: Runtime | None, clock: Clock | None) -> Limiter:
-    """Kept across reloads while ``shared_state`` is the same (in memory: its counters too)."""
+    """One limiter per store, kept across reloads while ``shared_state.redis_url`` is the same.
+
+    What it holds outlives any policy: the store (in memory: every counter and budget
+    record), the leases of requests in flight and their settlements, the usage waiting to be
+    written. A reload that changes only how the store is used (``limits_failure_mode``,
+    ``timeout_ms``, leases, grants) applies that to the same limiter (``_configure_limiter``,
+    once the new runtime is built); a new store means a new limiter.
+    """
     config = policy.shared_state
-    if previous is not None and previous.policy.shared_state == config:
+    if previous is not None and previous.policy.shared_state.redis_url == config.redis_url:
         return previous.limiter
     store: LimitStore
-    grant_requests = 0  # in memory, every check is as cheap as a grant
     if config.redis_url:
         from gateway.limits.redis_store import RedisLimitStore
 
         store = RedisLimitStore(config.redis_url, timeout_s=config.timeout_ms / 1000)
-        grant_requests = config.grant_requests
     else:
         store = MemoryStore()
-    limiter = Limiter(
-        store,
-        fail_open=config.limits_failure_mode == "open",
-        clock=clock,
-        lease_ttl_s=config.lease_ttl_s,
-        grant_requests=grant_requests,
-        grant_ttl_s=config.grant_ttl_ms / 1000,
-    )
+    limiter = Limiter(store, clock=clock)
+    _configure_limiter(limiter, config)
     await limiter.start()
     return limiter
+
+
+def _configure_limiter(limiter: Limiter, config: SharedStateConfig) -> None:
+    store = limiter.store
+    if config.redis_url:
+        from gateway.limits.redis_store import RedisLimitStore
+
+        assert isinstance(store, RedisLimitStore)  # the store follows redis_url (``_limiter``)
+        store.set_timeout(config.timeout_ms / 1000)
+    limiter.configure(
+        fail_open=config.limits_failure_mode == "open",
+        lease_ttl_s=config.lease_ttl_s,
+        # In memory, every check is as cheap as a grant.
+        grant_requests=config.grant_requests if config.redis_url else 0,
+        grant_ttl_s=config.grant_ttl_ms / 1000,
+    )
 
 
 def _same_embedder(previous: Runtime | None, policy: Policy) -> bool:

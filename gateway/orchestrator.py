@@ -320,7 +320,7 @@ class Orchestrator:
         }
         watchers = watch.feeders()
         if attempt is not None:
-            quota.price = attempt.target.price
+            quota.opened(attempt)
             if parsed.stream:
                 quota.tap = UsageTap(strip=call.strip_usage)
                 if not call.strip_usage:

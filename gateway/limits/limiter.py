@@ -98,22 +98,22 @@ class Limiter:
         grant_ttl_s: float = 0.25,
     ) -> None:
         self.store = store
-        self.grant_requests = grant_requests
-        # A grant's unused leases are not renewed: it ends well before they could expire.
-        self.grant_ttl_s = min(grant_ttl_s, lease_ttl_s / 3)
         self._grants: dict[Subject, Grant] = {}
         self._grant_next: dict[Subject, int] = {}  # the grant the next check may take
         # A check taking a grant is in flight: the subject's other requests wait for it.
         self._granting: dict[Subject, asyncio.Event] = {}
         self.granted = 0  # requests admitted from a grant
         self._costliest: dict[str, int] = {}  # tenant -> the costliest answer settled (pUSD)
-        self.fail_open = fail_open
         self.keys = keys or Keys()
         self._clock = clock
-        self.lease_ttl_ms = int(lease_ttl_s * 1000)
         self._leases: dict[str, tuple[str, ...]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._renewer: asyncio.Task[None] | None = None
+        self._retimed = asyncio.Event()  # the lease TTL changed: renew now, at the new pace
+        self.fail_open = fail_open
+        self.lease_ttl_ms = int(lease_ttl_s * 1000)
+        self.grant_requests = grant_requests
+        self.grant_ttl_s = _grant_ttl(grant_ttl_s, lease_ttl_s)
         self._flusher: asyncio.Task[None] | None = None
         self._ids = itertools.count()
         self._lease_prefix = os.urandom(6).hex()
@@ -126,6 +126,24 @@ class Limiter:
         # Redis may be gone: what grants hold is not admitted any more (a request then asks the
         # store, so an outage is met in the configured direction at once); given back if it can.
         store.on_trouble(self._store_trouble)
+
+    def configure(
+        self, *, fail_open: bool, lease_ttl_s: float, grant_requests: int, grant_ttl_s: float
+    ) -> None:
+        """Apply settings a reload may change. The limiter itself stays (``gateway.build``):
+        its store (in memory: the counters), the leases it renews, the settlements in flight
+        and the usage waiting to be written all belong to requests that are still running."""
+        lease_ttl_ms = int(lease_ttl_s * 1000)
+        grant_ttl_s = _grant_ttl(grant_ttl_s, lease_ttl_s)
+        if (grant_requests, grant_ttl_s) != (self.grant_requests, self.grant_ttl_s):
+            self._give_all_back()  # taken and sized under the old settings
+            self._grant_next.clear()
+        if lease_ttl_ms != self.lease_ttl_ms:
+            self._retimed.set()
+        self.fail_open = fail_open
+        self.lease_ttl_ms = lease_ttl_ms
+        self.grant_requests = grant_requests
+        self.grant_ttl_s = grant_ttl_s
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -482,9 +500,12 @@ class Limiter:
             await self.ledger.flush()
 
     async def _renew_loop(self) -> None:
-        interval = self.lease_ttl_ms / 3000
         while True:
-            await asyncio.sleep(interval)
+            # A third of the TTL, read afresh: a reload that shortens it must not leave the
+            # leases taken since waiting out the old pace.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._retimed.wait(), self.lease_ttl_ms / 3000)
+            self._retimed.clear()
             leases = tuple((k, lid) for lid, ks in list(self._leases.items()) for k in ks)
             with contextlib.suppress(StoreUnavailable):
                 await self.store.renew(leases, self.lease_ttl_ms, self._now_ms())
@@ -494,6 +515,11 @@ class Limiter:
 
     async def record_of(self, tenant: str, window: Window) -> dict[str, int]:
         return await self.store.read_usage(self.keys.record(tenant, window), self._now_ms())
+
+
+def _grant_ttl(grant_ttl_s: float, lease_ttl_s: float) -> float:
+    """A grant's unused leases are not renewed: it ends well before they could expire."""
+    return min(grant_ttl_s, lease_ttl_s / 3)
 
 
 def _view(

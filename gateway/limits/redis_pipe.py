@@ -161,12 +161,16 @@ class ScriptPipe:
         self.batches = 0  # writes sent (each with up to max_batch calls)
 
     async def call(self, script: Script, keys: list[str], args: list[Arg]) -> Any:
+        return await self.submit(script, keys, args)
+
+    def submit(self, script: Script, keys: list[str], args: list[Arg]) -> asyncio.Future[Any]:
+        """Queue a call (written at once if a connection is free); its reply, or its failure."""
         if len(self._queue) >= self.max_queue:
             raise StoreUnavailable("too many calls waiting for redis")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.append(_Call(script, keys, args, future))
         self._pump()
-        return await future
+        return future
 
     async def aclose(self) -> None:
         while self._exchanges or self._connecting is not None:

@@ -14,6 +14,9 @@ away); the first success after it logs the recovery. ``failures`` counts failed 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -29,9 +32,11 @@ from gateway.limits.store import (
     AcquireRequest,
     AcquireResult,
     Blocker,
+    BucketAdjust,
     SettleRequest,
     StoreUnavailable,
     UsageAdd,
+    lease_ids,
 )
 
 log = logging.getLogger("llm_gateway.limits")
@@ -40,6 +45,36 @@ _ERRORS = (RedisError, OSError, TimeoutError)
 _BLOCKERS: dict[int, Blocker | None] = {0: None, 1: "bucket", 2: "slot", 3: "budget"}
 _MICRO = 10**6  # pUSD per micro-dollar: money is sent and stored as (micro, pUSD rest)
 _ACQUIRE, _SETTLE, _RENEW = (Script.of(text) for text in (lua.ACQUIRE, lua.SETTLE, lua.RENEW))
+
+
+def _settle_call(req: SettleRequest) -> tuple[list[str], list[Arg]]:
+    """The keys and arguments of one SETTLE script call."""
+    groups: list[tuple[list[UsageAdd], tuple[tuple[str, int], ...]]] = []
+    for add in req.usage:  # a request's day, week and month records share their fields
+        if groups and groups[-1][1] == add.fields:
+            groups[-1][0].append(add)
+        else:
+            groups.append(([add], add.fields))
+    keys = [a.key for a in req.adjusts] + list(req.releases) + [u.key for u in req.usage]
+    if req.id:
+        keys.append(req.done_key)
+    args: list[Arg] = [_arg(req.now_ms), len(req.adjusts), len(req.releases)]
+    args += [req.lease_id, req.id, len(groups)]
+    for adj in req.adjusts:
+        args += [adj.rate.limit, adj.rate.period_ms, adj.delta]
+    for records, fields in groups:
+        args += [len(records), *(r.keep_s for r in records), len(fields)]
+        for name, value in fields:
+            if name.endswith("$"):
+                args += [name, *divmod(value, _MICRO)]
+            else:
+                args += [name, value, 0]
+    return keys, args
+
+
+def _retrieved(reply: asyncio.Future[Any]) -> None:
+    if not reply.cancelled():
+        reply.exception()  # looked at: a failed give-back is not worth a log line
 
 
 def _arg(value: int | None) -> int | str:
@@ -68,6 +103,10 @@ class RedisLimitStore:
         self._retry_at = 0.0
         self.failures = 0
 
+    def set_timeout(self, timeout_s: float) -> None:
+        """A reload's ``timeout_ms``: the next calls wait this long (the connections stay)."""
+        self.timeout_s = self._pipe.timeout_s = timeout_s
+
     async def acquire(self, req: AcquireRequest) -> AcquireResult:
         keys: list[str] = [b.key for b in req.buckets] + [s.key for s in req.slots]
         args: list[Arg] = [_arg(req.now_ms), len(req.buckets), len(req.slots)]
@@ -81,7 +120,8 @@ class RedisLimitStore:
             args += [b.rate.limit, b.rate.period_ms, b.amount]
         for s in req.slots:
             args += [s.limit, s.count]
-        raw: list[int] = await self._call(_ACQUIRE, keys, args)
+        left = functools.partial(self._give_back, req)
+        raw: list[int] = await self._call(_ACQUIRE, keys, args, left)
         nb = len(req.buckets)
         admitted, now, blocker, index, wait, spend_u, spend_p = raw[:7]
         return AcquireResult(
@@ -95,28 +135,26 @@ class RedisLimitStore:
             wait_ms=None if wait == -1 else wait,
         )
 
+    def _give_back(self, req: AcquireRequest, reply: asyncio.Future[Any]) -> None:
+        """The caller of ``acquire`` left (cancelled) while its script was on its way: if the
+        script admitted it, what it took goes back (its tokens and requests to the buckets,
+        every lease it added released: a grant's too), so a client that gives up during a
+        slow check does not hold a ``max_concurrent`` slot until the lease expires. One call,
+        not awaited: should it fail, the leases expire and the buckets drain on their own."""
+        if reply.cancelled() or reply.exception() is not None or reply.result()[0] != 1:
+            return
+        leases = {lease for s in req.slots for lease in lease_ids(req.lease_id, s.count)}
+        undo = SettleRequest(
+            adjusts=tuple(BucketAdjust(b.key, b.rate, -b.amount) for b in req.buckets),
+            releases=tuple(s.key for s in req.slots),
+            lease_id=" ".join(sorted(leases)),
+            now_ms=req.now_ms,
+        )
+        with contextlib.suppress(StoreUnavailable):
+            self._pipe.submit(_SETTLE, *_settle_call(undo)).add_done_callback(_retrieved)
+
     async def settle(self, req: SettleRequest) -> tuple[int, ...] | None:
-        groups: list[tuple[list[UsageAdd], tuple[tuple[str, int], ...]]] = []
-        for add in req.usage:  # a request's day, week and month records share their fields
-            if groups and groups[-1][1] == add.fields:
-                groups[-1][0].append(add)
-            else:
-                groups.append(([add], add.fields))
-        keys = [a.key for a in req.adjusts] + list(req.releases) + [u.key for u in req.usage]
-        if req.id:
-            keys.append(req.done_key)
-        args: list[Arg] = [_arg(req.now_ms), len(req.adjusts), len(req.releases)]
-        args += [req.lease_id, req.id, len(groups)]
-        for adj in req.adjusts:
-            args += [adj.rate.limit, adj.rate.period_ms, adj.delta]
-        for records, fields in groups:
-            args += [len(records), *(r.keep_s for r in records), len(fields)]
-            for name, value in fields:
-                if name.endswith("$"):
-                    args += [name, *divmod(value, _MICRO)]
-                else:
-                    args += [name, value, 0]
-        raw: list[int] | int = await self._call(_SETTLE, keys, args)
+        raw: list[int] | int = await self._call(_SETTLE, *_settle_call(req))
         if not isinstance(raw, list):
             return None  # this settlement had run already: its answer was lost on the way
         return tuple(raw[i] * _MICRO + raw[i + 1] for i in range(0, len(raw), 2))
@@ -159,11 +197,27 @@ class RedisLimitStore:
     def available(self) -> bool:
         return self._down_since is None or time.monotonic() >= self._retry_at
 
-    async def _call(self, script: Script, keys: list[str], args: list[Arg]) -> Any:
+    async def _call(
+        self,
+        script: Script,
+        keys: list[str],
+        args: list[Arg],
+        left: Callable[[asyncio.Future[Any]], None] | None = None,
+    ) -> Any:
+        """One script call. With ``left``: a caller that leaves (cancelled) before the reply
+        does not drop it, ``left`` gets it (shielded: a future and two callbacks, no task)."""
         if self._down_since is not None and time.monotonic() < self._retry_at:
             raise StoreUnavailable("redis limit store is in back-off")
         try:
-            result = await self._pipe.call(script, keys, args)
+            reply = self._pipe.submit(script, keys, args)
+            if left is None:
+                result = await reply
+            else:
+                try:
+                    result = await asyncio.shield(reply)
+                except asyncio.CancelledError:
+                    reply.add_done_callback(left)
+                    raise
         except StoreUnavailable as exc:
             self._failed(exc)
             raise

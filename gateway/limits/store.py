@@ -117,7 +117,11 @@ class LimitStore(Protocol):
 
     kind: Literal["memory", "redis"]
 
-    async def acquire(self, req: AcquireRequest) -> AcquireResult: ...
+    async def acquire(self, req: AcquireRequest) -> AcquireResult:
+        """All of ``req`` or none. A caller cancelled while waiting takes none either: what the
+        store admitted all the same is given back (memory: an acquire never waits, so a caller
+        cannot leave in the middle; Redis: when the lost reply comes)."""
+        ...
 
     async def settle(self, req: SettleRequest) -> tuple[int, ...] | None:
         """The new SPEND of each usage record, in order; None if ``id`` had already run."""

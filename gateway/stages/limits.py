@@ -14,8 +14,11 @@ by the destination that answered (``models.<alias>.price``): in ``x-gateway-cost
 headers can still be sent (JSON answers, cached and held answers; a live stream's headers left
 before its usage was known), on the span (``gateway.cost.usd``), in the metrics per tenant,
 surface and model, and settled by the limiter in the background. An upstream that reports no
-usage is charged the estimate. A request that failed gives its tokens back; one whose client
-left mid-answer is charged its prompt estimate and the stream events it was sent.
+usage is charged the estimate. A request that failed before an upstream answered gives its
+tokens back; one that failed after (too large, a time-out while its body came: the upstream
+generated it) is charged its usage if read, else its estimate (``Quota.failed``). One whose
+client left is charged its prompt estimate and the stream events it was sent, priced as the
+first target's until an attempt opened.
 """
 
 from __future__ import annotations
@@ -48,7 +51,10 @@ class Quota:
     targets: list[Destination]  # the downgraded ones when the budget is spent
     downgraded: str | None = None  # what serves instead: "small" or an alias
     reserved: int = 0  # tokens taken from tokens_per_minute
-    price: Price | None = None  # of the destination that answered
+    # Of the destination that answered; until one does, of the first target (a client that
+    # leaves before the headers is charged its prompt's estimate at that price).
+    price: Price | None = None
+    answered: bool = False  # an upstream began an answer (2xx headers): something was generated
     cache_hit: bool = False
     tap: UsageTap | None = None  # a live stream's usage chunk
     answer_usage: Usage | None = None  # a whole answer's usage (its usage object alone)
@@ -80,6 +86,21 @@ class Quota:
         expected = call.rt.limits.expected_output(call.plan.name)
         return Usage(input=prompt, output=output_tokens(call.parsed.body, expected))
 
+    def opened(self, attempt: Attempt) -> None:
+        """The attempt that answers: its price, and whether it began an answer."""
+        self.price = attempt.target.price
+        self.answered = 200 <= attempt.response.status < 300
+
+    def failed(self, exc: GatewayError) -> Usage | None:
+        """What a request the gateway failed used. Nothing before an upstream answered (a
+        connect error, a 5xx or 4xx, no replica: the reservation is given back). After, the
+        answer was generated (a provider bills it): its usage if it was read, else the
+        estimate, whole for an answer refused as too large, the prompt's for one cut short
+        (a time-out, a broken body), as a broken stream is charged its prompt and its events."""
+        if not self.answered:
+            return None
+        return self.usage() or self.estimate(left=exc.code != "response_too_large")
+
     def cost(self, usage: Usage | None) -> int | None:
         """pUSD of the answer and of what was paid for on the way; None if nothing is priced."""
         parts = [(usage, self.price), *self.spent]
@@ -91,7 +112,7 @@ class Quota:
     def on_answer(self, body: bytes, attempt: Attempt | None) -> Mapping[str, str]:
         """A whole answer before its headers go: read its usage, say its cost."""
         if attempt is not None:
-            self.price = attempt.target.price
+            self.opened(attempt)
         if not self.cache_hit:
             self.answer_usage = Usage.read(usage_in(body))
         cost = self.cost(self.usage() or self.estimate())
@@ -121,9 +142,10 @@ class Limited:
             return
         if isinstance(exc, GatewayError):
             exc.headers.update(quota.admission.headers())
-            stage.settle(call, quota, None)
+            stage.settle(call, quota, quota.failed(exc), estimated=quota.usage() is None)
         elif isinstance(exc, asyncio.CancelledError):
-            stage.settle(call, quota, quota.usage() or quota.estimate(left=True), left=True)
+            usage = quota.usage()
+            stage.settle(call, quota, usage or quota.estimate(left=True), estimated=usage is None)
         else:
             stage.settle(call, quota, stage.used(call, quota))
 
@@ -163,6 +185,8 @@ class LimitStage:
             call.span.decision({"limits.downgraded": quota.downgraded})
         if admission.degraded:
             call.span.decision({"limits.degraded": True})
+        if quota.targets:
+            quota.price = quota.targets[0].price  # until an attempt opens (``Quota.opened``)
         return quota
 
     def used(self, call: Call, quota: Quota) -> Usage | None:
@@ -176,7 +200,9 @@ class LimitStage:
             return None  # the upstream refused (4xx): nothing was generated
         return quota.estimate()
 
-    def settle(self, call: Call, quota: Quota, usage: Usage | None, left: bool = False) -> None:
+    def settle(
+        self, call: Call, quota: Quota, usage: Usage | None, estimated: bool = False
+    ) -> None:
         record = None
         if usage is not None:
             cost = quota.cost(usage)
@@ -186,7 +212,10 @@ class LimitStage:
             if cost is not None:
                 call.span.decision({"cost.usd": usd_float(cost)})
             call.span.decision(
-                {"usage.cached_input_tokens": usage.cached_input, "usage.estimated": left or None}
+                {
+                    "usage.cached_input_tokens": usage.cached_input,
+                    "usage.estimated": estimated or None,
+                }
             )
         call.rt.limiter.finish(quota.admission, record)
 

@@ -36,6 +36,7 @@ def limits_policy(
     surfaces: dict[str, Any] | None = None,
     failure_mode: str = "open",
     backends: dict[str, Any] | None = None,
+    server: dict[str, Any] | None = None,
 ) -> str:
     sections: dict[str, Any] = {
         "tenants": tenants(**{"team-a": team_a}),
@@ -50,6 +51,8 @@ def limits_policy(
     }
     if surfaces:
         sections["surfaces"] = surfaces
+    if server:
+        sections["server"] = server
     return build_policy(
         backends or {"up": vllm(url)},
         models or {"m": {"backend": "up", "model": "fake-model", "price": PRICE}},

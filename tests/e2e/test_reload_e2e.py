@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy, vllm
+from tests.e2e.limits_helpers import chat, client, limits_policy, settled, usage_report
+from tests.gateway.limits.conftest import Clock
 
 MESSAGES: Any = [{"role": "user", "content": "What is 2 + 2?"}]
 
@@ -63,3 +66,44 @@ async def test_a_reload_naming_a_missing_artifact_is_refused(
     assert "auto" not in gw.runtime.policy.models  # the running policy is unchanged
     r = await gw.client.chat.completions.create(model="m", messages=MESSAGES)
     assert r.choices[0].message.content
+
+
+async def test_a_reload_of_shared_state_keeps_the_limit_counters_and_in_flight_usage(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """Without Redis the counters live in the limiter's memory: a reload that changes how the
+    store is used (here limits_failure_mode) keeps them, and a request in flight across it
+    settles into the same store."""
+    fake = await make_fake(chunks=50, chunk_interval_ms=20)  # team-b's stream lasts ~1 s
+    rules = {"limits": {"requests_per_minute": 3}, "budget": {"usd": 0.03, "window": "day"}}
+    path = tmp_path / "policy.yaml"
+    path.write_text(limits_policy(fake.url, None, rules))
+    gw = await make_gateway(path.read_text(), policy_path=path, clock=Clock())
+    team_a, team_b = client(gw), client(gw, "team-b")
+    try:
+        assert (await chat(team_a))[0] == 200  # 0.017 of the 0.03 spent, 1 of 3 requests
+        await settled(gw)
+        stream = await team_b.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        in_flight = asyncio.ensure_future(_drain(stream))
+        path.write_text(limits_policy(fake.url, None, rules, failure_mode="closed"))
+        status, text = await reload(gw.root)
+        assert status == 200, text
+        assert gw.runtime.limiter.fail_open is False  # the new setting applies
+        assert not in_flight.done()
+        status, headers, _ = await chat(team_a)
+        assert status == 200 and headers["x-ratelimit-remaining-requests"] == "1"
+        await settled(gw)  # 0.034: the budget is spent
+        status, _, body = await chat(team_a)
+        assert status == 429 and body["code"] == "insufficient_quota"
+        assert await in_flight == 50
+        await settled(gw)
+        _, report = await usage_report(gw, tenant="team-b", window="day")
+        assert report["requests"] == 1 and report["tokens"]["output"] == 50
+    finally:
+        await team_a.close()
+        await team_b.close()
+
+
+async def _drain(stream: Any) -> int:
+    """The content chunks of a stream, read to its end."""
+    return sum([1 async for chunk in stream if chunk.choices and chunk.choices[0].delta.content])

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gateway.observability.tracing import Telemetry
 from policies.server import TelemetryConfig
 from tests.cache.conftest import RedisServer
-from tests.conftest import FakeFactory, GatewayFactory, RunningGateway
+from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, vllm
 from tests.e2e.limits_helpers import (
     MESSAGES,
     PRICE,
@@ -267,3 +267,61 @@ async def test_a_client_leaving_mid_stream_is_charged_what_it_was_sent(
         await asyncio.sleep(0.02)
     assert 5 <= out < 50  # the events it was sent, not the whole answer nor nothing
     assert fake.fake.disconnected == 1
+
+
+async def test_answers_the_gateway_failed_after_the_upstream_answered_are_charged(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, clients: Clients
+) -> None:
+    """The upstream generated them (a provider bills them): an answer over max_response_bytes
+    is charged its whole estimate, one whose body was still coming at total_s its prompt's; a
+    failure before any answer (the replica's 503) gives everything back."""
+    fake = await make_fake()
+    backends = {"up": vllm(fake.url, timeouts={"first_byte_s": 0.3, "total_s": 0.3})}
+    policy = limits_policy(
+        fake.url,
+        None,
+        {"limits": {"tokens_per_minute": 10_000}},
+        backends=backends,
+        server={"max_response_bytes": 4096},
+    )
+    gw = await make_gateway(policy, clock=Clock())
+    c = clients(gw)
+    fake.fake.queue("big:20000", "stall_body", "status:503")
+    status, headers, body = await chat(c, max_tokens=20)
+    assert status == 502 and body["code"] == "response_too_large"
+    assert headers["x-ratelimit-remaining-tokens"] == str(10_000 - 27)  # 7 prompt + 20 output
+    status, _, body = await chat(c, max_tokens=20)
+    assert status == 504 and body["code"] == "total_timeout"
+    status, _, _ = await chat(c, max_tokens=20)
+    assert status == 502
+    await settled(gw)
+    _, report = await usage_report(gw, tenant="team-a", window="day")
+    assert report["requests"] == 2
+    assert report["tokens"] == {"input": 14, "cached_input": 0, "output": 20}
+    assert report["spend_usd"] == "0.054"  # 0.047 (7 x 1000 + 20 x 2000 per Mtok) + 0.007
+    status, headers, _ = await chat(c, max_tokens=20)
+    assert status == 200  # the 27 + 7 charged are held, and this request's 27
+    assert headers["x-ratelimit-remaining-tokens"] == str(10_000 - 27 - 7 - 27)
+
+
+async def test_a_client_leaving_before_the_answer_is_charged_its_prompt_at_its_price(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, clients: Clients
+) -> None:
+    """As a client leaving mid-stream is: priced (the first target's price, no attempt having
+    opened), not counted in tokens at no cost."""
+    fake = await make_fake()
+    gw = await make_gateway(
+        limits_policy(fake.url, None, {"budget": {"usd": 1, "window": "day"}}), clock=Clock()
+    )
+    fake.fake.queue("hang")
+    leaving = clients(gw).with_options(timeout=0.3)
+    with pytest.raises(openai.APITimeoutError):
+        await leaving.chat.completions.create(model="m", messages=MESSAGES)
+    for _ in range(200):  # the gateway notices the close, then settles
+        await settled(gw)
+        _, report = await usage_report(gw, tenant="team-a", window="day")
+        if report["requests"]:
+            break
+        await asyncio.sleep(0.02)
+    assert report["tokens"]["input"] == 7 and report["tokens"]["output"] == 0
+    assert report["spend_usd"] == "0.007"  # 7 x 1000 per Mtok

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+import signal
 from typing import NamedTuple
+
+import pytest
 
 from gateway.limits.gcra import Rate
 from gateway.limits.memory import MemoryStore
@@ -105,6 +109,39 @@ async def test_redis_scripts_compute_exactly_what_the_memory_store_computes(
     assert any(r.wait_ms is None for r in refused)  # type: ignore[attr-defined]
     for i, (a, b) in enumerate(zip(memory, shared, strict=True)):
         assert a == b, f"op {i}: {ops[i][0]} memory {a} != redis {b}"
+
+
+async def test_an_acquire_whose_caller_left_takes_nothing(
+    redis_server: RedisServer, clock: Clock
+) -> None:
+    """A client that gives up while its check waits on a slow Redis: the script still runs and
+    admits it, and what it took (its tokens, its leases, a grant's included) goes back when the
+    reply it no longer waits for comes. (The memory store never waits: nothing to leave.)"""
+    store = redis_store(redis_server)
+    takes = (BucketTake("t:k", Rate(1_000), 600),), (SlotTake("t:c", 2, count=2),)
+    try:
+        await store.renew((("t:c", "none"),), 1_000, clock.ms)  # connected
+        assert redis_server.proc is not None
+        redis_server.proc.send_signal(signal.SIGSTOP)
+        try:
+            check = asyncio.ensure_future(
+                store.acquire(AcquireRequest(*takes, None, "left", 30_000, clock.ms))
+            )
+            await asyncio.sleep(0.05)  # written; Redis holds the reply
+            check.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await check
+        finally:
+            redis_server.proc.send_signal(signal.SIGCONT)
+        for _ in range(100):  # the reply comes, then the give-back is written
+            again = await store.acquire(AcquireRequest(*takes, None, "next", 30_000, clock.ms))
+            if again.admitted:
+                break
+            await asyncio.sleep(0.01)
+        # 600 of 1,000 tokens and both slots: only with the first take given back whole.
+        assert again.admitted and again.held == (2,)
+    finally:
+        await store.aclose()
 
 
 async def test_acquire_takes_all_rules_or_none(store: LimitStore, clock: Clock) -> None:
