@@ -65,7 +65,7 @@ _REQUEST_PARAMS = {
     "stream": "gen_ai.request.stream",
 }
 _GATEWAY = "gateway."
-_FAILED_OUTCOMES = frozenset(("http_5xx", "connect_error", "timeout", "abandoned"))
+_FAILED_OUTCOMES = frozenset(("http_5xx", "connect_error", "timeout", "abandoned", "bad_answer"))
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _time_ns = time.time_ns
@@ -348,7 +348,7 @@ class AttemptSpan:
 
     def end(self, outcome: str, status: int | None = None) -> None:
         """``outcome``: ok | won | lost | cancelled | http_4xx | http_5xx | connect_error | timeout
-        | abandoned (left open by its owner, released at the request's end: a gateway bug)."""
+        | bad_answer (a stream request's 200 that is neither SSE nor JSON) | abandoned (left open by its owner, released at the request's end: a gateway bug)."""
         if self.request is None or self.end_ns is not None:
             return
         self.end_ns = _time_ns()

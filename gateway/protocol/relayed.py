@@ -5,7 +5,9 @@ Anthropic's Messages API with ``message_stop``. The relay passes the bytes on un
 watches them for the end (so a stream that stops short is still told from a finished one) and
 for an ``error`` event (the upstream's own failure report), and writes the gateway's own
 failures as the dialect's error event. Event names are matched after a newline: inside an
-event's JSON data a newline is always escaped, so the model's text can never fake one.
+event's JSON data a newline is always escaped, so the model's text can never fake one. The
+relay made line ends ``\n``; the space after ``event:`` is optional in SSE, so both spellings
+are matched.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from collections.abc import Callable
 
 from gateway.protocol.sse import encode_named
 
-RESPONSES_END = (
-    b"\nevent: response.completed",
-    b"\nevent: response.incomplete",
-    b"\nevent: response.failed",
-)
-MESSAGES_END = (b"\nevent: message_stop",)
+
+def _lines(*names: bytes) -> tuple[bytes, ...]:
+    """The ``event:`` lines naming ``names``, with and without the space after the colon."""
+    return tuple(b"\nevent:" + space + name for name in names for space in (b" ", b""))
+
+
+RESPONSES_END = _lines(b"response.completed", b"response.incomplete", b"response.failed")
+MESSAGES_END = _lines(b"message_stop")
+_FAILED = _lines(b"error", b"response.failed")
 
 
 def responses_error(message: str) -> bytes:
@@ -50,7 +55,7 @@ class RelayedStream:
         seen = self._tail + data
         if not self.done and any(end in seen for end in self._ends):
             self.done = True
-        if b"\nevent: error" in seen or b"\nevent: response.failed" in seen:
+        if any(failed in seen for failed in _FAILED):
             self.failed = True
         self._tail = seen[-32:]
         return data

@@ -82,7 +82,7 @@ class UsageTap:
 
     def feed(self, data: bytes) -> bytes:
         """The bytes to send on for ``data`` (all of them unless a usage chunk is stripped)."""
-        if not self._events.pending and data.endswith(b"\n\n") and not _names_usage(data):
+        if not self._events.open and data.endswith(b"\n\n") and not _names_usage(data):
             # Whole events naming no usage (most reads of a stream): nothing to read or take
             # out, and no event is left half-read for the next one.
             self.events += data.count(b"\n\n")

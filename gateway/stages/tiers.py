@@ -42,7 +42,7 @@ from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.limits.cost import Usage
 from gateway.protocol import upstream_json
 from gateway.protocol.openai import Endpoint, ParsedRequest
-from gateway.protocol.sse import DONE, EventSplitter, payloads
+from gateway.protocol.sse import DONE, EventSplitter, EventTooLong, Framing, payloads
 from gateway.runtime import Destination
 from gateway.upstream.attempts import Attempt, AttemptOpener
 from gateway.upstream.relay import read_whole
@@ -280,6 +280,7 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
     The bytes read are kept in ``attempt.first`` for the relay to send first.
     """
     held = [attempt.first] if attempt.first else []
+    framing = Framing()  # bounds what is held: an event that never ends fails the tier
     splitter = EventSplitter()
     pieces: list[str] = []
     finish = None
@@ -304,9 +305,9 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
                 reason = choice.get("finish_reason")
                 finish = reason if isinstance(reason, str) and reason else finish
 
-    scan(splitter.feed(b"".join(held)))
     remaining = None if call.deadline is None else call.deadline - time.perf_counter()
     try:
+        scan(splitter.feed(framing.feed(b"".join(held))))
         async with asyncio.timeout(remaining):
             while not done and len(pieces) < tokens:
                 data = await attempt.response.content.readany()
@@ -316,7 +317,7 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
                 if attempt.first_at is None:
                     attempt.first_at = time.perf_counter()
                 held.append(data)
-                scan(splitter.feed(data))
+                scan(splitter.feed(framing.feed(data)))
     except TimeoutError as exc:
         if not _past(call.deadline):  # aiohttp's read timer: idle_s between reads
             attempt.failure = "the stream stopped coming (idle_s)"
@@ -327,6 +328,10 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
         attempt.failure = "the connection broke during the stream"
         _failed(attempt)
         raise UpstreamError("the small tier's stream broke off", code="tier_failed") from exc
+    except EventTooLong as exc:
+        attempt.failure = "an SSE event that never ended"
+        _failed(attempt)
+        raise UpstreamError(f"the small tier's stream sent {exc}", code="tier_failed") from exc
     except BaseException:
         await attempt.discard()
         raise

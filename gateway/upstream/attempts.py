@@ -336,6 +336,8 @@ class AttemptOpener:
                 # Providers' backends are never vLLM's: their requests go through aiohttp.
                 assert isinstance(response, aiohttp.ClientResponse)
                 response = provider.wrap(response, call.parsed)
+            if call.parsed.stream and response.status == 200:
+                _check_streams(response, replica)
             attempt = Attempt(target, decision, response, guard, span, timeouts, opened_at)
             attempt.capped = capped
             if read_first and response.status == 200:
@@ -394,6 +396,18 @@ class AttemptOpener:
         if continues:  # vLLM opens a new assistant turn unless told to continue the last one
             body.update(continue_final_message=True, add_generation_prompt=False)
         return json.dumps(body).encode(), cap is not None
+
+
+def _check_streams(response: UpstreamResponse, replica: Replica) -> None:
+    """A stream request's 200 must be SSE, or a whole JSON answer (a server that ignores
+    ``stream``: the relay sends it as a stream); anything else (a proxy's HTML page) is no
+    answer, and another replica may give one: nothing went to the client yet."""
+    ctype = response.headers.get("Content-Type")
+    if ctype is None or "event-stream" in ctype.lower() or "json" in ctype.lower():
+        return
+    raise AttemptFailed(
+        "bad_answer", f"{replica.name} answered a stream request with {ctype[:80]!r}", True
+    )
 
 
 async def _first_chunk(response: UpstreamResponse, replica: Replica, limit_s: float) -> bytes:

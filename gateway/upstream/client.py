@@ -46,7 +46,8 @@ class AttemptFailed(Exception):
 
     def __init__(self, outcome: str, message: str, retryable: bool, public: str = "") -> None:
         super().__init__(message)
-        self.outcome = outcome  # metric label: connect_error | http_5xx | timeout | rejected_key
+        # metric label: connect_error | http_5xx | timeout | rejected_key | bad_status | bad_answer
+        self.outcome = outcome
         self.retryable = retryable
         self.public = public or _PUBLIC.get(outcome, "the upstream failed")
         self.attempts = 1  # 2: a hedge was sent beside it and failed too
@@ -59,6 +60,7 @@ _PUBLIC = {
     "rejected_key": "the upstream rejected the gateway's credentials",
     "http_429": "the upstream is rate limited",
     "bad_status": "the upstream answered with a status that is not an API answer",
+    "bad_answer": "the upstream answered a stream request with neither a stream nor an answer",
 }
 
 

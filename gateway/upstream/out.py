@@ -1,8 +1,10 @@
 """The client's side of a relayed stream: the upstream's bytes as they came, or re-told.
 
 ``StreamOut`` is what the relay writes a stream through. Without a dialect the bytes pass
-as they are and the stream is complete once ``data: [DONE]`` went by (the last 32 bytes are
-kept to see it). With a ``ClientDialect`` (another client API: ``gateway.dialects``) each read
+as they are and the stream is complete once a ``data: [DONE]`` line went by (``data:[DONE]``
+too: the space is optional in SSE; the last 32 bytes are kept to see it; the relay made line
+ends ``\n``, and inside an event's JSON a newline is escaped, so the model's text cannot fake
+the line). With a ``ClientDialect`` (another client API: ``gateway.dialects``) each read
 goes through the dialect's encoder, the stream is complete when the encoder saw its end, the
 dialect's ``ended`` hook runs before the bytes that end the stream are written (so what it
 stores is there before the client can ask for it), and errors and the deadline's stop are
@@ -20,11 +22,11 @@ from typing import Protocol
 from aiohttp import web
 
 from gateway.errors import error_bytes
-from gateway.protocol.sse import DONE_EVENT
+from gateway.protocol.sse import DONE, DONE_EVENT
 
 log = logging.getLogger("llm_gateway.relay")
 
-_DONE = DONE_EVENT.rstrip()
+_DONE_LINES = (b"\n" + DONE_EVENT.rstrip(), b"\ndata:" + DONE)
 
 
 class ClientStream(Protocol):
@@ -65,7 +67,7 @@ class StreamOut:
         self._resp = resp
         self._client = client
         self._encoder = client.stream() if client is not None else None
-        self._tail = b""
+        self._tail = b"\n"  # the stream's start counts as after a newline
         self._ended = False
 
     @property
@@ -76,7 +78,8 @@ class StreamOut:
     def complete(self) -> bool:
         """The stream reached its end: ``data: [DONE]``, or the dialect's final event."""
         if self._encoder is None:
-            return _DONE in self._tail
+            tail = self._tail
+            return _DONE_LINES[0] in tail or _DONE_LINES[1] in tail
         return self._encoder.done and not self._encoder.failed
 
     @property

@@ -6,9 +6,17 @@ hit) through ``send_answer``. The ``RelayPlan`` the orchestrator builds once per
 carries what must hold for all of them: the surface's deadline, the watchers of the bytes sent
 (span summary, cache capture), the inter-token metric, the response headers.
 
-Streams are relayed byte for byte as they arrive (no SSE parsing, no re-encoding); the relay
-notes when reads arrive (TTFT, gaps between reads) and whether the stream ended with
-``data: [DONE]``. Two clocks can end an answer early:
+Streams are relayed as they arrive (no SSE parsing, no re-encoding) through
+``sse.Framing``: line ends become ``\n`` (an upstream may write ``\r\n`` or ``\r``; every
+reader after it, the client included, then sees one framing), and an event left open past
+``server.max_response_bytes`` or 4 MiB ends the stream (an error event, a 502 against the
+replica: it holds memory and gives the client nothing). The relay notes when reads arrive
+(TTFT, gaps between reads) and whether the stream ended with ``data: [DONE]`` (or
+``data:[DONE]``). A stream request answered 200 with a whole JSON answer (a server that ignores
+``stream``) is sent as the stream asked for, as ``send_answer`` renders finished answers; JSON
+that is no answer is a 502 against the replica (any other non-SSE 200, a proxy's page, never
+gets here: the opener moves on to another replica). A stream's Content-Type is always the
+gateway's ``text/event-stream``. Two clocks can end an answer early:
 
 * the surface's deadline (``actions.deadline`` with ``budget.total_ms``): the relay stops the
   upstream and ends the stream as a model that hit ``max_tokens`` would, with a chunk whose
@@ -44,6 +52,7 @@ from aiohttp import web
 
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.protocol.answers import render_sse
+from gateway.protocol.sse import MAX_EVENT_BYTES, EventTooLong, Framing
 from gateway.upstream.attempts import Attempt
 from gateway.upstream.client import (
     AnswerTooLarge,
@@ -131,6 +140,8 @@ async def relay(request: web.Request, attempt: Attempt, plan: RelayPlan) -> Rela
     ok = False
     try:
         if plan.stream and attempt.response.status == 200:
+            if _whole_answer(attempt.response.headers):  # finishes the attempt once read
+                return await _answer_as_stream(request, attempt, plan)
             response, result = await _relay_stream(request, attempt, plan)
         else:
             response, result = await _relay_body(attempt, plan)
@@ -242,6 +253,8 @@ async def read_whole(attempt: Attempt, deadline: float | None, max_bytes: int) -
         upstream.close()
         raise
     upstream.release()
+    if attempt.first:  # a hedged stream request's first read, answered whole
+        body = attempt.first + body
     if upstream.status == 200 and not _json_object(body, upstream.headers):
         # An HTML error page from a proxy, or a body cut short: not an answer.
         log.warning("an upstream answered 200 with a body that is not a JSON object")
@@ -290,6 +303,31 @@ def _limit(attempt: Attempt, deadline: float | None) -> tuple[float, bool]:
     return hard, False
 
 
+def _whole_answer(headers: Mapping[str, str]) -> bool:
+    """A stream request answered whole, in JSON (a server that ignores ``stream``)."""
+    return "json" in headers.get("Content-Type", "").lower()
+
+
+async def _answer_as_stream(request: web.Request, attempt: Attempt, plan: RelayPlan) -> Relayed:
+    """A whole JSON answer to a stream request, sent as the stream the client asked for (the
+    chunks ``send_answer`` renders); a body that is no answer of the endpoint is the replica's
+    failure, answered 502 before any byte went out."""
+    body = await read_whole(attempt, plan.deadline, plan.max_response_bytes)
+    kind = "chat.completion" if plan.chat else "text_completion"
+    try:
+        readable = json.loads(body).get("object") == kind
+    except (ValueError, RecursionError):
+        readable = False
+    if not readable:
+        log.warning("an upstream answered a stream request with JSON that is not an answer")
+        attempt.failure = "a stream request answered with JSON that is no answer"
+        raise UpstreamError(
+            "the upstream answered a stream request with JSON that is not an answer",
+            code="bad_gateway",
+        )
+    return await send_answer(request, body, plan, attempt)
+
+
 async def _relay_stream(
     request: web.Request, attempt: Attempt, plan: RelayPlan
 ) -> tuple[web.StreamResponse, RelayResult]:
@@ -297,22 +335,27 @@ async def _relay_stream(
     headers = response_headers(upstream, plan.headers)
     headers["Cache-Control"] = "no-cache"
     resp = web.StreamResponse(status=upstream.status, headers=headers)
+    resp.headers["Content-Type"] = "text/event-stream"  # the gateway's, whatever the upstream's
     await resp.prepare(request)
     result = RelayResult(upstream.status)
     out = StreamOut(resp, plan.client)
     finished = False
     keep = plan.filter  # takes the usage chunk out for a client that did not ask for it
+    # Line ends made "\n" before anyone reads the bytes, and no event past the cap.
+    framing = Framing(min(plan.max_response_bytes, MAX_EVENT_BYTES))
 
     limit, ours = _limit(attempt, plan.deadline)
     try:
         await out.begin()
         if attempt.first:
-            _noted(result, plan, attempt.first, attempt.first_at or time.perf_counter())
-            await out.write(attempt.first if keep is None else keep.feed(attempt.first))
+            first = framing.feed(attempt.first)
+            _noted(result, plan, first, attempt.first_at or time.perf_counter())
+            await out.write(first if keep is None else keep.feed(first))
         try:
             async with asyncio.timeout(max(limit - time.perf_counter(), 0.0)):
-                # Per chunk: note it (a plain call, no coroutine), send it.
+                # Per chunk: frame it, note it (plain calls, no coroutine), send it.
                 async for data in upstream.content.iter_any():
+                    data = framing.feed(data)
                     _noted(result, plan, data, time.perf_counter())
                     await out.write(data if keep is None else keep.feed(data))
         except TimeoutError:
@@ -338,6 +381,10 @@ async def _relay_stream(
             result.status = 502
             attempt.failure = "a stream that ended early"
             await out.error(f"the upstream stream ended before {out.end_name}")
+    except EventTooLong as exc:  # an event that never ends: memory held, nothing for the client
+        result.status = 502
+        attempt.failure = "an SSE event that never ended"
+        await out.error(f"the upstream stream sent {exc}")
     except UpstreamStreamError as exc:  # the upstream said why (e.g. Anthropic's error event)
         result.status = 502
         attempt.failure = "an error in the stream"

@@ -29,10 +29,10 @@ import time
 from typing import Any
 
 from gateway.protocol import upstream_json
+from gateway.protocol.sse import DONE_EVENT, EventSplitter, event_data
 from gateway.upstream.client import UpstreamStreamError
 from gateway.upstream.providers.anthropic_response import finish_reason, text_field, usage
 
-_DONE = b"data: [DONE]\n\n"
 _THINKING = -4  # a thinking block (reasoning_content)
 _FORMAT = -3  # the format tool's call: its input is the answer's content
 _SKIP = -2  # a content block that is not passed on
@@ -42,8 +42,8 @@ _TEXT = -1  # a text block; tool_use blocks map to their tool call's index (0, 1
 class AnthropicStream:
     __slots__ = (
         "_blocks",
-        "_buffer",
         "_counts",
+        "_events",
         "_finished",
         "_format_tool",
         "_head",
@@ -58,7 +58,7 @@ class AnthropicStream:
         self.include_usage = include_usage
         self._format_tool = format_tool
         self.done = False  # message_stop arrived
-        self._buffer = b""
+        self._events = EventSplitter()  # the one SSE reader: line ends, bounded events
         self._head: dict[str, Any] = {
             "id": "",
             "object": "chat.completion.chunk",
@@ -71,14 +71,10 @@ class AnthropicStream:
         self._finished = False
 
     def feed(self, data: bytes) -> bytes:
-        buffer = self._buffer + data
-        if b"\r" in buffer:
-            buffer = buffer.replace(b"\r\n", b"\n")  # a split \r\n stays whole in the buffer
-        *events, self._buffer = buffer.split(b"\n\n")
         out: list[bytes] = []
-        for event in events:
-            payload = _data(event)
-            if payload is not None:
+        for event in self._events.feed(data):
+            payload = event_data(event)
+            if payload:
                 self._event(payload, out)
         return b"".join(out)
 
@@ -197,7 +193,7 @@ class AnthropicStream:
         if self.include_usage:
             payload = {**self._head, "choices": [], "usage": usage(self._counts)}
             out.append(b"data: " + json.dumps(payload).encode() + b"\n\n")
-        out.append(_DONE)
+        out.append(DONE_EVENT)
         self.done = True
 
     def _arguments(self, out: list[bytes], tool: int, fragment: str) -> None:
@@ -206,12 +202,3 @@ class AnthropicStream:
     def _chunk(self, out: list[bytes], delta: dict[str, Any], finish: str | None = None) -> None:
         choice = {"index": 0, "delta": delta, "finish_reason": finish}
         out.append(b"data: " + json.dumps({**self._head, "choices": [choice]}).encode() + b"\n\n")
-
-
-def _data(event: bytes) -> bytes | None:
-    """The data of one SSE event (its ``data:`` lines joined); None for comments or no data."""
-    lines = [line for line in event.split(b"\n") if line.startswith(b"data:")]
-    if not lines:
-        return None
-    parts = [line[6:] if line.startswith(b"data: ") else line[5:] for line in lines]
-    return b"\n".join(parts)
