@@ -14,6 +14,7 @@ worker for it over its control socket and answers for all (``gateway.workgroup``
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ from gateway.limits.store import StoreUnavailable
 from gateway.limits.usage import report
 from gateway.limits.windows import WINDOW_KINDS, window_of
 from policies.loader import PolicyError
+
+log = logging.getLogger("llm_gateway")
 
 
 @dataclass
@@ -191,7 +194,13 @@ def no_policy_file() -> web.Response:
 
 
 def policy_rejected(exc: PolicyError) -> web.Response:
-    """400 to a reload whose file did not load (``file:line: key: message``); nothing changed."""
+    """400 to a reload whose file did not load (``file:line: key: message``); nothing changed.
+
+    Logged as a SIGHUP's rejection is: whoever edits the file may not be who reads the answer.
+    The issues name keys and lines, never the values of secrets (those come from the env)."""
+    log.error(
+        "policy reload rejected (POST /admin/reload); still running the previous policy:\n%s", exc
+    )
     return web.json_response(
         error_body(
             "policy rejected; the running policy is unchanged:\n" + str(exc),

@@ -63,7 +63,7 @@ def create_app(
     app[SLO] = slo
     app[ORCHESTRATOR] = Orchestrator(metrics, slo)
     app[LIMITS] = ConnectionLimits.of(policy.server)
-    app[_SETUP] = (policy, source, policy_path, telemetry, clock)
+    app[_SETUP] = (policy, source, policy_path, telemetry, clock, group.count if group else 1)
     app.cleanup_ctx.append(_live_policy)
     app[admin.ADMIN_ACCESS] = admin.AdminAccess()
     app.on_response_prepare.append(cors_on_prepare)
@@ -77,11 +77,17 @@ def create_app(
 
 async def _live_policy(app: web.Application) -> AsyncIterator[None]:
     """Build the policy's runtime (pools, cache, embedder, tiers, telemetry); close it at the end."""
-    policy, source, path, telemetry, clock = app[_SETUP]
+    policy, source, path, telemetry, clock, workers = app[_SETUP]
     runtime = await build_runtime(policy, source, telemetry=telemetry, clock=clock)
     limits = app[LIMITS]
     live = LivePolicy(
-        runtime, path, app[SLO], telemetry, clock, on_reload=lambda p: limits.update(p.server)
+        runtime,
+        path,
+        app[SLO],
+        telemetry,
+        clock,
+        on_reload=lambda p: limits.update(p.server),
+        workers=workers,
     )
     app[LIVE] = live
     yield

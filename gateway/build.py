@@ -70,6 +70,35 @@ def prepare(
     return Prepared(pools, tiers)
 
 
+def check_buildable(policy: Policy, source: PolicySource, workers: int = 1) -> None:
+    """``prepare``'s check, and the rules of a group of ``workers``: what a supervisor asks of a
+    policy before its workers may be started from it. Raises ``PolicyError``, whatever failed."""
+    refuse_unshared_limits(policy, source, workers)
+    try:
+        prepare(policy, source)
+    except PolicyError:
+        raise
+    except Exception as exc:
+        raise build_failure(source, exc) from exc
+
+
+def refuse_unshared_limits(policy: Policy, source: PolicySource, workers: int) -> None:
+    """Workers counting tenant limits each in its own memory would admit N times a limit."""
+    if workers > 1 and policy.has_tenant_limits() and not policy.shared_state.redis_url:
+        message = (
+            f"tenant limits and budgets with {workers} workers need shared_state.redis_url "
+            "(the workers count in Redis), or --workers 1"
+        )
+        raise PolicyError([source.issue(("tenants",), message)])
+
+
+def build_failure(source: PolicySource, exc: BaseException, where: KeyPath = ()) -> PolicyError:
+    """An unexpected error while building a runtime, as the rejection of the policy: a reload
+    answers 400 with it and a start stops with one line (never a 500, nor a traceback)."""
+    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return PolicyError([source.issue(where, f"cannot build the policy's runtime: {what}")])
+
+
 def _missing(modules: Sequence[str]) -> str | None:
     for name in modules:
         try:
@@ -212,20 +241,33 @@ async def build_runtime(
     telemetry: Telemetry | None = None,
     clock: Clock | None = None,
 ) -> Runtime:
-    """The runtime of ``policy``; raises ``PolicyError`` and leaves ``previous`` untouched."""
+    """The runtime of ``policy``; raises ``PolicyError`` and leaves ``previous`` untouched.
+
+    Any error while building is a ``PolicyError`` naming what failed, and what was started
+    for the new runtime is stopped (a pool whose start failed part-way included).
+    """
     old_pools = previous.pools if previous is not None else {}
-    prepared = await asyncio.to_thread(prepare, policy, source, old_pools)
-    fresh = [p for p in prepared.pools.values() if p not in old_pools.values()]
-    started: list[BackendPool] = []
-    resources: Resources | None = None
     try:
-        for pool in fresh:
+        prepared = await asyncio.to_thread(prepare, policy, source, old_pools)
+    except PolicyError:
+        raise
+    except Exception as exc:
+        raise build_failure(source, exc) from exc
+    fresh = {n: p for n, p in prepared.pools.items() if p not in old_pools.values()}
+    started: list[BackendPool] = []
+    where: KeyPath = ()
+    try:
+        for name, pool in fresh.items():
+            where = ("backends", name)
+            started.append(pool)  # stopped on failure, even if its start got only part-way
             await pool.start()
-            started.append(pool)
+        where = ()
         resources = await _resources(policy, previous, telemetry, clock)
-    except BaseException:
+    except BaseException as exc:
         for pool in started:
             await pool.stop()
+        if isinstance(exc, Exception) and not isinstance(exc, PolicyError):
+            raise build_failure(source, exc, where) from exc
         raise
     for pool in prepared.pools.values():
         if pool.admission is not None:

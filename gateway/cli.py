@@ -14,17 +14,15 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from policies.loader import (
-    PolicyError,
-    PolicyIssue,
-    load_policy,
-    read_policy_text,
-    validate_policy,
-)
-from policies.schema import Policy
+from gateway.signals import HeldHup
+
+if TYPE_CHECKING:  # the policy format is imported once a command runs, after SIGHUP is held
+    from policies.schema import Policy
 
 log = logging.getLogger("llm_gateway")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 # Offline commands: the module that adds them (``add_commands(subparsers)``), its help line,
 # and the extra that module needs.
@@ -38,14 +36,17 @@ _OFFLINE: dict[str, tuple[str, str, str]] = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # First, before anything slow: a SIGHUP while `serve` starts is a reload to apply once it
+    # listens, never the end of the process (gateway.signals).
+    held_hup = HeldHup() if argv[:1] == ["serve"] else None
     parser = argparse.ArgumentParser(prog="llm-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the gateway")
     p.add_argument("--policy", required=True, type=Path, help="policy YAML file")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--port", type=_port, default=8080, help="1 to 65535")
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO")
     p.add_argument(
         "--workers",
         type=int,
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         help="worker processes sharing the port (default: one per available core; "
         "1: a single process, no supervisor)",
     )
-    p.set_defaults(func=_cmd_serve)
+    p.set_defaults(func=_cmd_serve, held_hup=held_hup)
 
     p = sub.add_parser("check", help="validate a policy file")
     p.add_argument("policy", type=Path)
@@ -81,9 +82,20 @@ def main(argv: list[str] | None = None) -> int:
     return func(args)
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1 to 65535)")
+    return port
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     """Validate the file, then load what it names (artifacts, tokenizers) as serving would."""
-    from gateway.build import prepare
+    from gateway.build import build_failure, prepare
+    from policies.loader import PolicyError, PolicyIssue, read_policy_text, validate_policy
 
     issues: list[PolicyIssue] = []
     policy = None
@@ -96,10 +108,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
             prepare(policy, source)
         except PolicyError as exc:
             issues += exc.issues
-        except Exception:
-            if not issues:
-                raise
-            # a consequence of the problems already found (a model naming no backend...)
+        except Exception as exc:
+            if not issues:  # else a consequence of those (a model naming no backend...)
+                issues += build_failure(source, exc).issues
     if issues or policy is None:
         print(f"{args.policy}: invalid policy ({len(issues)} problem(s))", file=sys.stderr)
         for issue in issues:
@@ -119,8 +130,10 @@ def summary(policy: Policy) -> str:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.server import run_server
+    from gateway.build import refuse_unshared_limits
+    from gateway.server import CannotListen, run_server
     from gateway.workers import default_workers, supervise
+    from policies.loader import PolicyError, read_policy
 
     _logging(args.log_level)
     workers = args.workers if args.workers is not None else default_workers()
@@ -128,27 +141,26 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print("--workers must be at least 1", file=sys.stderr)
         return 2
     try:
-        policy = load_policy(args.policy)
-        if workers > 1 and policy.has_tenant_limits() and not policy.shared_state.redis_url:
-            # Each worker would count on its own: N workers would admit N times the limit.
-            print(
-                f"{args.policy}: tenant limits and budgets with --workers {workers} need "
-                "shared_state.redis_url (the workers count in Redis), or --workers 1",
-                file=sys.stderr,
-            )
-            return 1
+        policy, source = read_policy(args.policy)
+        refuse_unshared_limits(policy, source, workers)
         if workers > 1:
-            return supervise(policy, args.policy, args.host, args.port, workers)
-        run_server(policy, args.policy, args.host, args.port)
+            return supervise(
+                policy, args.policy, args.host, args.port, workers,
+                source=source, held_hup=args.held_hup,
+            )  # fmt: skip
+        run_server(policy, args.policy, args.host, args.port, source=source, held_hup=args.held_hup)
     except PolicyError as exc:
         print(f"{args.policy}: invalid policy, not starting:\n{exc}", file=sys.stderr)
+        return 1
+    except CannotListen as exc:
+        print(exc, file=sys.stderr)
         return 1
     return 0
 
 
 def _logging(level: str) -> None:
     logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
+        level=getattr(logging, level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
 

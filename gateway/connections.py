@@ -288,6 +288,27 @@ class GuardedRunner(web.AppRunner):
         cast(_GuardedServer, server).limits = self.limits
         return server
 
+    async def drain(self, within_s: float) -> None:
+        """Stop accepting, let the requests in flight finish for at most ``within_s``, end the
+        ones still running (a stream is cut short), then clean up.
+
+        ``cleanup`` alone is not bounded so: aiohttp waits ``shutdown_timeout`` for a handler,
+        then as long again after cancelling its request's body, which a handler streaming its
+        answer never reads (two 28 s waits for one long stream)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        for site in list(self.sites):
+            await site.stop()
+        server = self.server
+        if server is not None:
+            server.pre_shutdown()  # idle keep-alive connections close now, busy ones after
+            # aiohttp signals no "last request ended": poll, as its own shutdown does
+            while loop.time() < deadline and not all(_idle(h) for h in server.connections):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            for handler in server.connections:
+                handler.force_close()  # its handler is cancelled (handler_cancellation)
+        await self.cleanup()
+
 
 def make_runner(app: web.Application, **kwargs: Any) -> GuardedRunner:
     """The runner every server of this app uses (``serve``, the tests): bounded connections,

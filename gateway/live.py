@@ -14,11 +14,11 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.build import Clock, build_runtime, retire
+from gateway.build import Clock, build_failure, build_runtime, refuse_unshared_limits, retire
 from gateway.observability.slo import SloTracker
 from gateway.observability.tracing import Telemetry
 from gateway.runtime import Runtime
-from policies.loader import PolicyError, read_policy
+from policies.loader import PolicyError, PolicySource, read_policy
 from policies.schema import Policy
 from policies.surfaces import Budget
 
@@ -38,8 +38,10 @@ class LivePolicy:
         telemetry: Telemetry | None = None,
         clock: Clock | None = None,
         on_reload: Callable[[Policy], None] | None = None,
+        workers: int = 1,
     ) -> None:
         self.current = runtime
+        self._workers = workers  # of this process's group: a reload obeys the group's rules
         self._clock = clock  # a caller's (tests): limits read it instead of the store's clock
         self._on_reload = on_reload  # what lives outside the runtime follows the new policy
         self.path = path  # None: nothing to reload from (a policy built in memory)
@@ -60,6 +62,10 @@ class LivePolicy:
             except PolicyError as exc:
                 self.reload_error = str(exc)
                 raise
+            except Exception as exc:  # never a 500 or a lost task: a rejection that says why
+                error = build_failure(PolicySource(str(self.path)), exc)
+                self.reload_error = str(error)
+                raise error from exc
             finally:
                 self.reloads += 1
             self.reload_error = None
@@ -67,6 +73,7 @@ class LivePolicy:
 
     async def _reload(self, path: Path) -> Runtime:
         policy, source = await asyncio.to_thread(read_policy, path)
+        refuse_unshared_limits(policy, source, self._workers)
         old = self.current
         new = await build_runtime(policy, source, old, telemetry=self._telemetry, clock=self._clock)
         self.current = new

@@ -13,13 +13,19 @@ first may take a whole burst of connections: a less even spread).
 
 Supervision runs in the supervisor's only thread. Its signal handlers only note the signal;
 the wake-up file descriptor makes ``select`` return, and the loop then acts:
-- a worker that exited unasked is forked again, at most ``MAX_RESTARTS`` in
-  ``RESTART_WINDOW_S`` (then everything stops: a worker that dies at start would otherwise
-  spin);
-- SIGHUP: the supervisor re-reads the policy for workers it forks later (a bad file keeps the
-  last good one) and forwards SIGHUP to every worker, which reloads its own;
+- a worker that exited unasked is forked again from the last policy the group accepted (never
+  from the file, which may have gone bad since); one that exits before it listens is retried
+  after ``BACKOFF_S``, doubling up to ``MAX_BACKOFF_S``. The group stops when a worker fails
+  while the group starts (the same failure would hit every worker), or when more than
+  ``MAX_RESTARTS`` exits in ``RESTART_WINDOW_S`` leave no worker serving; a failing
+  replacement never stops workers that serve;
+- SIGHUP: the supervisor re-reads the policy and keeps it for workers it forks later only if
+  workers could be built from it (``gateway.build.check_buildable``: ``prepare`` and the
+  group's rules; a bad file keeps the last good one), and forwards SIGHUP to every worker,
+  which reloads its own;
 - SIGINT, SIGTERM: SIGTERM to every worker; each stops accepting, finishes the requests in
-  flight (aiohttp's graceful shutdown) and exits; one still alive ``drain_s`` later is killed.
+  flight and exits within ``gateway.server.DRAIN_S``; one still alive ``drain_s`` later is
+  killed.
 Workers ignore SIGINT (a terminal's Ctrl-C reaches the whole process group; the supervisor
 decides) and get SIGTERM when the supervisor dies (PR_SET_PDEATHSIG).
 
@@ -32,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import gc
 import importlib
 import logging
@@ -41,22 +46,25 @@ import select
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.server import run_server
+from gateway.build import check_buildable
+from gateway.server import CannotListen, run_server
+from gateway.signals import HeldHup
 from gateway.workgroup import WorkerContext
-from policies.loader import PolicyError, load_policy
+from policies.loader import PolicyError, PolicySource, read_policy
 from policies.schema import Policy
 
 log = logging.getLogger("llm_gateway.workers")
 
 MAX_RESTARTS = 10
 RESTART_WINDOW_S = 60.0
+BACKOFF_S = 0.5  # a replacement that fails before it listens waits this, doubled each time
+MAX_BACKOFF_S = 30.0
 DRAIN_S = 30.0  # then a worker still running is killed (gateway.server drains 28 s)
 _HANDLED = (signal.SIGCHLD, signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 
@@ -72,6 +80,8 @@ def default_workers() -> int:
 def listen_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
     """The supervisor's socket: bound (and listening only when the workers will inherit it)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if reuse_port and port:
+        _refuse_if_listened_on(family, host, port)
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if reuse_port:
@@ -81,6 +91,16 @@ def listen_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
         sock.listen(4096)
     sock.set_inheritable(True)
     return sock
+
+
+def _refuse_if_listened_on(family: socket.AddressFamily, host: str, port: int) -> None:
+    """EADDRINUSE when anything listens on the address, another group included: SO_REUSEPORT
+    would let a second group bind beside it, and the kernel would split the connections
+    between two gateways. A probe without SO_REUSEPORT conflicts with every listener
+    (SO_REUSEADDR: connections of a previous run in TIME_WAIT do not count)."""
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
 
 
 @dataclass
@@ -93,20 +113,33 @@ class Supervisor:
     on_ready: Callable[[str], None] | None = None
     drain_s: float = DRAIN_S
     reuse_port: bool = hasattr(socket, "SO_REUSEPORT")
+    # The last good policy's source: workers forked later start from it, never from the file.
+    source: PolicySource | None = None
+    held_hup: HeldHup | None = None  # SIGHUPs noted since the process started
     children: dict[int, int] = field(default_factory=dict)  # pid -> worker index
+    _serving: set[int] = field(default_factory=set)  # pids that listen (wrote their ready line)
+    _failed_starts: dict[int, int] = field(default_factory=dict)  # index -> exits before ready
+    _due: dict[int, float] = field(default_factory=dict)  # index -> when to fork it again
     _restarts: list[float] = field(default_factory=list)
     _signals: list[int] = field(default_factory=list)
+    _ready_buffer: bytes = b""
+    _all_ready: bool = False
     _stopping: bool = False
 
-    def run(self) -> int:
+    def run(self, sock: socket.socket | None = None) -> int:
         """Serve until SIGINT or SIGTERM; returns the exit status (0: stopped as asked)."""
-        sock = listen_socket(self.host, self.port, self.reuse_port)
+        if sock is None:
+            sock = listen_socket(self.host, self.port, self.reuse_port)
         self.port = sock.getsockname()[1]
+        if self.source is None:
+            self.source = PolicySource(str(self.policy_path))
         run_dir = Path(tempfile.mkdtemp(prefix="llm-gateway-"))
         ready_r, ready_w = os.pipe()
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         previous = {sig: signal.signal(sig, self._note) for sig in _HANDLED}
+        if self.held_hup is not None and self.held_hup.take():
+            self._signals.append(signal.SIGHUP)  # arrived while the supervisor started
         old_wakeup = signal.set_wakeup_fd(wake_w)
         ctx = WorkerContext(
             index=0,
@@ -140,16 +173,10 @@ class Supervisor:
         self._signals.append(signum)
 
     def _loop(self, ctx: WorkerContext, ready_r: int, wake_r: int) -> int:
-        ready = 0
-        base_url = f"http://{self.host}:{self.port}/v1"
         while True:
-            readable, _, _ = select.select([ready_r, wake_r], [], [], 5.0)
+            readable, _, _ = select.select([ready_r, wake_r], [], [], self._wait_s())
             if ready_r in readable:
-                ready += os.read(ready_r, 4096).count(b"\n")
-                if ready == self.workers:  # each worker writes one line when it listens
-                    log.info("llm-gateway: %d workers serving on %s", self.workers, base_url)
-                    if self.on_ready is not None:
-                        self.on_ready(base_url)
+                self._note_ready(os.read(ready_r, 4096))
             if wake_r in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
@@ -161,20 +188,49 @@ class Supervisor:
                 return 0
             if signal.SIGHUP in signals:
                 self._reload()
-            if not self._reap(ctx):
+            if not self._reap():
                 return 1
+            self._fork_due(ctx)
+
+    def _wait_s(self) -> float:
+        if not self._due:
+            return 5.0
+        return max(0.0, min(5.0, min(self._due.values()) - time.monotonic()))
+
+    def _note_ready(self, data: bytes) -> None:
+        """Each worker writes ``<index> <pid>`` once it listens."""
+        lines = (self._ready_buffer + data).split(b"\n")
+        self._ready_buffer = lines.pop()
+        for line in lines:
+            index, pid = (int(x) for x in line.split())
+            if self.children.get(pid) == index:
+                self._serving.add(pid)
+                self._failed_starts.pop(index, None)
+        if not self._all_ready and len(self._serving) == self.workers:
+            self._all_ready = True
+            base_url = f"http://{self.host}:{self.port}/v1"
+            log.info("llm-gateway: %d workers serving on %s", self.workers, base_url)
+            if self.on_ready is not None:
+                self.on_ready(base_url)
 
     def _reload(self) -> None:
+        """Adopt the file for the workers forked later only if workers could be built from it
+        (``check_buildable``); every worker is sent SIGHUP either way and checks for itself."""
+        assert self.source is not None
         try:
-            self.policy = load_policy(self.policy_path)
+            policy, source = read_policy(self.policy_path)
+            check_buildable(policy, source, self.workers)
         except PolicyError as exc:
             log.error("policy reload rejected; workers keep the running policy:\n%s", exc)
+        else:
+            self.policy, self.source = policy, source
         for pid in self.children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGHUP)
 
-    def _reap(self, ctx: WorkerContext) -> bool:
-        """Replace each worker that exited; False when they die too often to go on."""
+    def _reap(self) -> bool:
+        """Schedule a replacement for each worker that exited; False when the group must stop:
+        a worker failed before the group ever served, or none serves and they keep dying."""
         while self.children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -185,15 +241,33 @@ class Supervisor:
             index = self.children.pop(pid, None)
             if index is None:
                 continue
-            log.error("worker %d (pid %d) exited (%s); starting another", index, pid, _how(status))
+            served = pid in self._serving
+            self._serving.discard(pid)
+            if not self._all_ready:  # at start: the same failure would hit every worker
+                log.error("worker %d (pid %d) exited (%s) while starting: stopping",
+                          index, pid, _how(status))  # fmt: skip
+                return False
             now = time.monotonic()
             self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW_S]
             self._restarts.append(now)
-            if len(self._restarts) > MAX_RESTARTS:
-                log.error("%d worker exits within %g s: stopping", MAX_RESTARTS, RESTART_WINDOW_S)
+            if len(self._restarts) > MAX_RESTARTS and not self._serving:
+                log.error("%d worker exits within %g s and no worker serving: stopping",
+                          MAX_RESTARTS, RESTART_WINDOW_S)  # fmt: skip
                 return False
-            self._fork(ctx, index)
+            failures = 0 if served else self._failed_starts.get(index, 0) + 1
+            self._failed_starts[index] = failures
+            delay = 0.0 if failures == 0 else min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (failures - 1))
+            log.error("worker %d (pid %d) exited (%s); starting another in %g s",
+                      index, pid, _how(status), delay)  # fmt: skip
+            self._due[index] = now + delay
         return True
+
+    def _fork_due(self, ctx: WorkerContext) -> None:
+        now = time.monotonic()
+        for index, due in list(self._due.items()):
+            if due <= now:
+                del self._due[index]
+                self._fork(ctx, index)
 
     def _fork(self, ctx: WorkerContext, index: int) -> None:
         pid = os.fork()
@@ -203,6 +277,8 @@ class Supervisor:
         code = 1
         try:
             code = self._worker(WorkerContext(**{**ctx.__dict__, "index": index}))
+        except PolicyError as exc:  # the runtime could not be built: one line, no traceback
+            logging.getLogger("llm_gateway").error("worker %d cannot start:\n%s", index, exc)
         except BaseException:  # a worker's error must never run the supervisor's code
             logging.getLogger("llm_gateway").exception("worker %d failed", index)
         finally:
@@ -210,18 +286,29 @@ class Supervisor:
 
     def _worker(self, ctx: WorkerContext) -> int:
         signal.set_wakeup_fd(-1)
+        held = HeldHup()  # the supervisor's handler must not run here, nor SIGHUP kill it
         for sig in _HANDLED:
-            signal.signal(sig, signal.SIG_DFL)
+            if sig != signal.SIGHUP:
+                signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         if os.getppid() != ctx.supervisor_pid:  # the supervisor died before prctl took hold
             return 1
-        run_server(self.policy, self.policy_path, self.host, self.port, worker=ctx)
+        run_server(
+            self.policy,
+            self.policy_path,
+            self.host,
+            self.port,
+            worker=ctx,
+            source=self.source,
+            held_hup=held,
+        )
         return 0
 
     def _stop_all(self) -> None:
         self._stopping = True
+        self._due.clear()
         for pid in self.children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -258,11 +345,18 @@ def supervise(
     port: int,
     workers: int,
     on_ready: Callable[[str], None] | None = None,
+    *,
+    source: PolicySource | None = None,
+    held_hup: HeldHup | None = None,
 ) -> int:
+    """Run a group; raises ``CannotListen`` when the address cannot be listened on."""
+    reuse_port = hasattr(socket, "SO_REUSEPORT")
     try:
-        return Supervisor(policy, policy_path, host, port, workers, on_ready).run()
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            print(f"cannot listen on {host}:{port}: address in use", file=sys.stderr)
-            return 1
-        raise
+        sock = listen_socket(host, port, reuse_port)
+    except (OSError, OverflowError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CannotListen(f"cannot listen on {host}:{port}: {reason}") from exc
+    supervisor = Supervisor(
+        policy, policy_path, host, port, workers, on_ready, source=source, held_hup=held_hup
+    )
+    return supervisor.run(sock)

@@ -18,7 +18,8 @@ computed at scrape time: replica health and load, SLO windows).
   ``workers``.
 - ``/admin/cache`` (DELETE): run in every worker (each holds its own index; a shared Redis store
   is purged by the first and found empty by the others); ``purged`` is the sum.
-- ``/admin/reload``: the file is validated here first (a bad file changes nothing, 400); then
+- ``/admin/reload``: the file is validated here first, with the group's rules (a bad file
+  changes nothing, 400); then
   the supervisor is sent SIGHUP, which it forwards to every worker, and the answer waits until
   every worker has reloaded.
 A sibling that does not answer (being replaced) is left out and named in ``missing``.
@@ -40,9 +41,10 @@ import aiohttp
 from aiohttp import web
 
 from gateway.admin import check_admin, no_policy_file, policy_rejected
+from gateway.build import refuse_unshared_limits
 from gateway.errors import BadRequest, NotFound, Unavailable, error_body
 from gateway.observability.group_metrics import merge_exposition
-from policies.loader import PolicyError, load_policy
+from policies.loader import PolicyError, read_policy
 
 CONTROL_TIMEOUT_S = 5.0
 RELOAD_WAIT_S = 15.0
@@ -222,7 +224,8 @@ async def _group_reload(request: web.Request) -> web.Response:
     if local.policy_path is None:
         return no_policy_file()
     try:
-        await asyncio.to_thread(load_policy, local.policy_path)
+        policy, source = await asyncio.to_thread(read_policy, local.policy_path)
+        refuse_unshared_limits(policy, source, ctx.count)
     except PolicyError as exc:
         return policy_rejected(exc)
     before, _ = await fan_out(ctx, "GET", "/admin/workers")

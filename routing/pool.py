@@ -197,6 +197,8 @@ class BackendPool:
                 reason = f"/health answered {resp.status}"
         except (aiohttp.ClientError, TimeoutError) as exc:
             ok, reason = False, f"/health failed: {type(exc).__name__}"
+        except Exception as exc:  # a request aiohttp refuses to send: down, and why, not a crash
+            ok, reason = False, f"/health cannot be sent: {type(exc).__name__}: {exc}"
         if ok:
             if not replica.healthy:
                 log.info("replica %s of %s is healthy", replica.name, self.name)

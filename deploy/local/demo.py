@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from deploy.local.localpool import LocalVllmPool
-from gateway.server import run_server
+from gateway.server import CannotListen, run_server
 from gateway.workers import default_workers, supervise
 from policies.loader import PolicyError, load_policy
 
@@ -78,10 +78,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         def ready(base_url: str) -> None:
             print(banner(base_url, pool.model_name), flush=True)
 
-        if workers > 1:
-            supervise(policy, DEMO_POLICY, args.host, args.port, workers, ready)
-        else:
-            run_server(policy, DEMO_POLICY, args.host, args.port, ready)
+        try:
+            if workers > 1:
+                supervise(policy, DEMO_POLICY, args.host, args.port, workers, ready)
+            else:
+                run_server(policy, DEMO_POLICY, args.host, args.port, ready)
+        except CannotListen as exc:  # taken since the check above
+            print(exc, file=sys.stderr)
+            return 1
     print("stopped the gateway and the vLLM replicas", flush=True)
     return 0
 

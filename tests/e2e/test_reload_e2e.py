@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy, vllm
 from tests.e2e.limits_helpers import chat, client, limits_policy, settled, usage_report
@@ -107,3 +109,35 @@ async def test_a_reload_of_shared_state_keeps_the_limit_counters_and_in_flight_u
 async def _drain(stream: Any) -> int:
     """The content chunks of a stream, read to its end."""
     return sum([1 async for chunk in stream if chunk.choices and chunk.choices[0].delta.content])
+
+
+async def test_a_reload_whose_build_fails_unexpectedly_is_refused_and_logged(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Any error while building the new runtime (here the JSON reader's RecursionError, which
+    the artifact loader does not expect) is a rejection that says why: 400, never a 500; and
+    a rejected POST /admin/reload is logged, as a rejected SIGHUP is."""
+    small, large = await make_fake(), await make_fake()
+    path = tmp_path / "policy.yaml"
+    path.write_text(pool_policy([small.url]))
+    gw = await make_gateway(path.read_text(), policy_path=path)
+    nested = tmp_path / "nested.json"
+    nested.write_text("[" * 100_000)
+    backends = {"up": vllm(small.url), "large": {"kind": "openai", "base_url": large.url}}
+    models = {
+        "m": {"backend": "up", "model": "fake-model"},
+        "auto": {"tiers": ["up", "large"], "artifact": str(nested)},
+    }
+    path.write_text(build_policy(backends, models))
+    with caplog.at_level(logging.ERROR, logger="llm_gateway"):
+        status, text = await reload(gw.root)
+    assert status == 400, text
+    assert "cannot build the policy's runtime: RecursionError" in text
+    assert gw.live.reload_error is not None and "RecursionError" in gw.live.reload_error
+    assert "auto" not in gw.runtime.policy.models
+    logged = [r for r in caplog.records if "POST /admin/reload" in r.getMessage()]
+    assert logged and logged[0].levelno == logging.ERROR
+    assert "RecursionError" in logged[0].getMessage()

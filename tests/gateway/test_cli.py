@@ -112,3 +112,23 @@ def test_limits_across_workers_need_shared_state(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "need shared_state.redis_url" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_an_unexpected_build_error_is_a_problem_not_a_traceback(tmp_path: Path) -> None:
+    """`check` and `serve` report what the build raised (here the JSON reader's RecursionError,
+    which the artifact loader does not expect) as one more problem of the file."""
+    nested = tmp_path / "nested.json"
+    nested.write_text("[" * 100_000)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(TIERED.replace("ARTIFACT", str(nested)))
+    proc = check(policy)
+    assert proc.returncode == 1
+    assert "cannot build the policy's runtime: RecursionError" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--workers", "1"],
+        capture_output=True, text=True, cwd=ROOT, check=False, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "invalid policy, not starting" in proc.stderr and "RecursionError" in proc.stderr
+    assert "Traceback" not in proc.stderr

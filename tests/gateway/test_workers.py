@@ -23,9 +23,10 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import FakeFactory, build_policy, pool_policy, vllm
+from tests.conftest import FakeFactory, build_policy, pool_policy, serve, vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 2
@@ -239,3 +240,124 @@ async def test_sigterm_drains_streams_in_flight_then_stops_every_process(
         socket.create_connection(("127.0.0.1", int(group.root.rsplit(":", 1)[1])), 1),
     ):
         pass
+
+
+async def _post_reload(group: Group) -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(group.root + "/admin/reload") as resp,
+    ):
+        return resp.status, await resp.text()
+
+
+async def _replace_one(group: Group) -> list[dict[str, Any]]:
+    """Kill worker 0 and wait for its replacement (the group must stay up)."""
+    victim = next(w["pid"] for w in await group.workers() if w["worker"] == 0)
+    os.kill(victim, signal.SIGKILL)
+    return await group.wait_for(
+        lambda ws: len(ws) == WORKERS and victim not in {w["pid"] for w in ws}
+    )
+
+
+async def test_a_rejected_reload_never_reaches_the_workers_started_later(
+    make_fake: FakeFactory, start_group: StartGroup
+) -> None:
+    """Replacements start from the last policy the group accepted, never from the file: a file
+    refused at reload (limits the group cannot count, a missing artifact, bad YAML) would
+    otherwise make every replacement fail, and the group stop."""
+    up = await make_fake()
+    group = await start_group(pool_policy([up.url]))
+    limited = "tenants:\n  a:\n    api_key_sha256: ['" + "0" * 64 + "']\n"
+    group.policy.write_text(
+        pool_policy([up.url], limited + "    limits: {requests_per_minute: 3}\n")
+    )
+    status, text = await _post_reload(group)
+    assert status == 400 and "need shared_state.redis_url" in text, text
+    assert [w["reloads"] for w in await group.workers()] == [0] * WORKERS
+
+    backends = {"up": vllm(up.url), "large": {"kind": "openai", "base_url": up.url}}
+    models = {
+        "m": {"backend": "up", "model": "fake-model"},
+        "auto": {"tiers": ["up", "large"], "artifact": "/nonexistent/difficulty.json"},
+    }
+    group.policy.write_text(build_policy(backends, models))
+    status, text = await _post_reload(group)
+    assert status == 400 and "cannot load the tier artifact" in text, text
+    workers = await _replace_one(group)
+    assert all("auto" not in w["models"] for w in workers), workers
+
+    group.policy.write_text(pool_policy([up.url]) + "  oops: [\n")
+    os.kill(group.proc.pid, signal.SIGHUP)
+    await group.wait_for(lambda ws: all(w["reload_error"] for w in ws if w["worker"] == 1))
+    workers = await _replace_one(group)
+    assert all("auto" not in w["models"] for w in workers), workers
+    client = group.client()
+    assert all(await asyncio.gather(*(_chat(client) for _ in range(10))))
+    await client.close()
+    assert group.proc.returncode is None
+
+
+async def test_a_second_group_on_a_held_port_is_refused(
+    make_fake: FakeFactory, start_group: StartGroup
+) -> None:
+    """SO_REUSEPORT would let it bind beside the first: the kernel would split the traffic."""
+    up = await make_fake()
+    group = await start_group(pool_policy([up.url]))
+    port = group.root.rsplit(":", 1)[1]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "serve", "--policy", str(group.policy),
+        "--port", port, "--workers", str(WORKERS), cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 1
+    assert err.decode().strip().splitlines() == [
+        f"cannot listen on 127.0.0.1:{port}: Address already in use"
+    ]
+    assert len(await group.workers()) == WORKERS
+
+
+@pytest.mark.parametrize("workers", [1, WORKERS])
+async def test_sighup_while_starting_is_one_reload_once_serving(
+    tmp_path: Path, workers: int
+) -> None:
+    """SIGHUP's default action ends a process: while `serve` (or a worker) builds its runtime,
+    one is held, then applied once the server listens."""
+    asked, release = asyncio.Event(), asyncio.Event()
+    health_checks = 0
+
+    async def health(request: web.Request) -> web.Response:
+        nonlocal health_checks
+        health_checks += 1
+        if health_checks >= workers:
+            asked.set()
+        await release.wait()  # every process is now building its runtime, before it listens
+        return web.Response()
+
+    upstream = web.Application()
+    upstream.router.add_get("/health", health)
+    runner, url = await serve(upstream)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(pool_policy([url]))
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy),
+        "--port", str(port), "--workers", str(workers), "--log-level", "WARNING",
+        cwd=ROOT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        await asyncio.wait_for(asked.wait(), 30)
+        os.kill(proc.pid, signal.SIGHUP)
+        await asyncio.sleep(0.2)
+        release.set()
+        group = Group(proc, f"http://127.0.0.1:{port}", policy)
+        reloaded = await group.wait_for(
+            lambda ws: len(ws) == workers and all(w["reloads"] == 1 for w in ws)
+        )
+        assert all(w["reload_error"] is None for w in reloaded)
+        assert proc.returncode is None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        await runner.cleanup()

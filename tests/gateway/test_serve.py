@@ -1,0 +1,119 @@
+"""One `serve` process, started as an operator would: its bounded stop, and the address and
+flag errors it answers with one line (never a traceback)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.conftest import FakeFactory, pool_policy
+
+ROOT = Path(__file__).resolve().parents[2]
+DRAIN_S = 3.0
+
+# The server as `serve --workers 1` runs it, with a short drain bound (28 s in production).
+SERVE = """
+import sys
+from pathlib import Path
+from gateway import server
+from policies.loader import read_policy
+server.DRAIN_S = {drain_s}
+path = Path(sys.argv[1])
+policy, source = read_policy(path)
+server.run_server(policy, path, "127.0.0.1", int(sys.argv[2]), on_ready=lambda url: print(url, flush=True))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def test_sigterm_ends_streams_still_open_at_the_drain_bound(
+    make_fake: FakeFactory, tmp_path: Path
+) -> None:
+    """The whole stop takes at most the drain bound: a stream longer than it is ended (aiohttp
+    alone waits its shutdown timeout twice for a handler that streams)."""
+    up = await make_fake(chunks=100, chunk_interval_ms=100)  # a 10 s stream
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(pool_policy([up.url]))
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SERVE.format(drain_s=DRAIN_S), str(policy), str(port),
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        await asyncio.wait_for(proc.stdout.readline(), 30)  # listening
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0
+        )
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        received = 0
+        with contextlib.suppress(openai.APIError):  # cut short
+            async for _ in stream:
+                received += 1
+                if received == 1:
+                    started = time.monotonic()
+                    proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 3 * DRAIN_S) == 0
+        assert time.monotonic() - started < DRAIN_S + 1.0
+        assert received < 100
+        await client.close()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", *args],
+        capture_output=True, text=True, cwd=ROOT, check=False, timeout=60,
+    )  # fmt: skip
+
+
+def test_bad_flags_are_refused_by_the_parser(tmp_path: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text(pool_policy(["http://127.0.0.1:9/v1"]))
+    for flags, message in (
+        (["--port", "70000"], "argument --port: '70000' is not a port (1 to 65535)"),
+        (["--port", "0"], "argument --port: '0' is not a port"),
+        (["--log-level", "bogus"], "argument --log-level: invalid choice: 'BOGUS'"),
+    ):
+        proc = _serve("--policy", str(policy), "--workers", "1", *flags)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_an_address_that_cannot_be_listened_on_is_one_line(tmp_path: Path, workers: str) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text(pool_policy(["http://127.0.0.1:9/v1"]))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        proc = _serve("--policy", str(policy), "--workers", workers, "--port", port)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"cannot listen on 127.0.0.1:{port}: ") and "in use" in last
+    proc = _serve("--policy", str(policy), "--workers", workers, "--host", "no.such.host.invalid")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith("cannot listen on no.such.host.invalid")
+    for run in (proc,):
+        assert "Traceback" not in run.stderr and "Unclosed" not in run.stderr
+    assert os.path.exists(policy)
