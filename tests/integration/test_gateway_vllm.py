@@ -97,14 +97,16 @@ async def test_chat_and_completions_through_the_gateway(
         max_tokens=5,
         temperature=0,
         stream=True,
+        stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
     )
     cchunks = [c async for c in cstream]
-    # as for chat, a busy engine may put several tokens in one chunk: 2 to 5 chunks of text,
-    # the last one saying the length limit ended it
+    # a busy engine may put all five tokens in one chunk (CI saw it): 1 to 5 chunks of text, the
+    # last one saying the length limit ended it, then the usage chunk counting all five
     assert len(cchunks) >= 2
     assert "".join(c.choices[0].text for c in cchunks if c.choices)
     assert [c.choices[0].finish_reason for c in cchunks if c.choices][-1] == "length"
+    assert cchunks[-1].usage is not None and cchunks[-1].usage.completion_tokens == 5
 
 
 async def test_load_is_spread_and_metrics_are_exported(
