@@ -11,7 +11,8 @@ computed at scrape time: replica health and load, SLO windows).
 - ``/metrics``: counters and histograms summed over the workers; gauges as
   ``gateway.observability.group_metrics`` says (in flight summed, health the minimum, rolling
   SLO percentiles per worker under a ``worker`` label: percentiles of separate windows do not
-  add).
+  add). A replaced or silent worker's counts stay in the sum as last seen
+  (``gateway.observability.group_ledger``): the group's counters never go backwards.
 - ``/admin/workers``: each worker's pid, requests answered, reloads (and the last one's error)
   and models.
 - ``/admin/surfaces``: this worker's view (as with one process), plus every worker's under
@@ -28,6 +29,7 @@ A sibling that does not answer (being replaced) is left out and named in ``missi
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -43,7 +45,7 @@ from aiohttp import web
 from gateway.admin import check_admin, no_policy_file, policy_rejected
 from gateway.build import refuse_unshared_limits
 from gateway.errors import BadRequest, NotFound, Unavailable, error_body
-from gateway.observability.group_metrics import merge_exposition
+from gateway.observability.group_ledger import Answer, MetricsLedger
 from policies.loader import PolicyError, read_policy
 
 CONTROL_TIMEOUT_S = 5.0
@@ -82,6 +84,9 @@ class LocalAdmin(Protocol):
 
 LOCAL = web.AppKey("llm_gateway.local_admin", LocalAdmin)
 CONTEXT = web.AppKey("llm_gateway.worker", WorkerContext)
+LEDGER = web.AppKey("llm_gateway.metrics_ledger", MetricsLedger)
+SCRAPES: web.AppKey["itertools.count[int]"] = web.AppKey("llm_gateway.scrapes")
+PID_HEADER, SEQ_HEADER = "x-worker-pid", "x-worker-scrape"
 
 
 # --- this worker's control socket -----------------------------------------------------------
@@ -90,6 +95,7 @@ CONTEXT = web.AppKey("llm_gateway.worker", WorkerContext)
 def control_app(local: LocalAdmin) -> web.Application:
     app = web.Application()
     app[LOCAL] = local
+    app[SCRAPES] = itertools.count(1)
     app.router.add_get("/metrics", _local_metrics)
     app.router.add_get("/admin/workers", _local_worker)
     app.router.add_get("/admin/surfaces", _local_surfaces)
@@ -107,7 +113,10 @@ async def start_control(ctx: WorkerContext, local: LocalAdmin) -> web.AppRunner:
 
 
 async def _local_metrics(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[LOCAL].metrics_text(), content_type="text/plain")
+    scrapes: itertools.count[int] = request.app[SCRAPES]
+    headers = {PID_HEADER: str(os.getpid()), SEQ_HEADER: str(next(scrapes))}
+    body = request.app[LOCAL].metrics_text()
+    return web.Response(body=body, content_type="text/plain", headers=headers)
 
 
 async def _local_worker(request: web.Request) -> web.Response:
@@ -135,6 +144,8 @@ class Reply:
     index: int
     status: int
     body: bytes
+    pid: int = 0  # the worker's process and how many scrapes it answered (``/metrics`` only)
+    seq: int = 0
 
 
 async def fan_out(
@@ -150,7 +161,10 @@ async def fan_out(
                 aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
                 session.request(method, f"http://worker{path}", params=params) as resp,
             ):
-                return Reply(index, resp.status, await resp.read())
+                body = await resp.read()
+                pid, seq = resp.headers.get(PID_HEADER, "0"), resp.headers.get(SEQ_HEADER, "0")
+                numbers = (int(pid), int(seq)) if pid.isdigit() and seq.isdigit() else (0, 0)
+                return Reply(index, resp.status, body, *numbers)
         except (aiohttp.ClientError, OSError, TimeoutError):
             return None
 
@@ -164,6 +178,7 @@ def add_group_routes(app: web.Application, ctx: WorkerContext, local: LocalAdmin
     """The group's answers for ``/metrics`` and ``/admin/*`` (admin calls as ``gateway.admin``)."""
     app[CONTEXT] = ctx
     app[LOCAL] = local
+    app[LEDGER] = MetricsLedger(ctx.run_dir, ctx.count)
     app.router.add_get("/metrics", _group_metrics)
     app.router.add_get("/admin/workers", _admin(_group_workers))
     app.router.add_get("/admin/surfaces", _admin(_group_surfaces))
@@ -183,8 +198,9 @@ def _admin(
 
 async def _group_metrics(request: web.Request) -> web.Response:
     replies, _ = await fan_out(request.app[CONTEXT], "GET", "/metrics")
-    texts = [(r.index, r.body.decode()) for r in replies if r.status == 200]
-    return web.Response(body=merge_exposition(texts), content_type="text/plain", charset="utf-8")
+    answers = {r.index: Answer(r.pid, r.seq, r.body.decode()) for r in replies if r.status == 200}
+    body = await request.app[LEDGER].group_text(answers)
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 
 async def _group_workers(request: web.Request) -> web.Response:

@@ -30,12 +30,19 @@ GAUGE_RULES: dict[str, Rule] = {
 WORKER_LABEL = "worker"
 
 
-def merge_exposition(texts: Iterable[tuple[int, str]]) -> bytes:
-    """``texts``: (worker index, that worker's /metrics text); returns the group's text."""
+def merge_exposition(texts: Iterable[tuple[int, str]], stale: Iterable[str] = ()) -> bytes:
+    """``texts``: (worker index, that worker's /metrics text); returns the group's text.
+
+    ``stale``: texts of workers gone or silent (``group_ledger``), of which only what only goes
+    up (counters, histograms, summaries) still counts; their gauges are left out.
+    """
     families: dict[str, Metric] = {}
     values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
-    for index, text in texts:
+    given = [(index, text, True) for index, text in texts] + [(-1, t, False) for t in stale]
+    for index, text, current in given:
         for family in text_string_to_metric_families(text):
+            if not current and family.type == "gauge" and not family.name.endswith("_created"):
+                continue
             merged = families.get(family.name)
             if merged is None:
                 merged = families[family.name] = Metric(

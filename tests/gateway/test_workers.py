@@ -169,20 +169,28 @@ async def test_requests_spread_over_workers_and_metrics_sum_them(
     assert surfaces["missing"] == [] and "default" in surfaces["surfaces"]
 
 
-async def test_a_killed_worker_is_replaced(make_fake: FakeFactory, start_group: StartGroup) -> None:
+async def test_a_killed_worker_is_replaced_and_the_counts_stay(
+    make_fake: FakeFactory, start_group: StartGroup
+) -> None:
     up = await make_fake()
     group = await start_group(pool_policy([up.url]))
+    client = group.client()
+    await asyncio.gather(*(_chat(client) for _ in range(20)))
     before = await group.workers()
+    assert all(w["requests"] > 0 for w in before)  # both workers served some
+    assert _requests_total(await group.get("/metrics")) == 20
     victim = before[0]["pid"]
     os.kill(victim, signal.SIGKILL)
     after = await group.wait_for(
         lambda ws: len(ws) == WORKERS and victim not in {w["pid"] for w in ws}
     )
     assert {w["worker"] for w in after} == {0, 1}
-    client = group.client()
+    # the replacement counts from zero; the group's counter keeps what the dead one had counted
+    assert _requests_total(await group.get("/metrics")) == 20
     answers = await asyncio.gather(*(_chat(client) for _ in range(20)))
     await client.close()
     assert len(answers) == 20
+    assert _requests_total(await group.get("/metrics")) == 40
     assert group.proc.returncode is None
 
 
