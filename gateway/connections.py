@@ -43,13 +43,14 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
 
-from gateway.errors import error_bytes
+from gateway.errors import STOPPING, error_bytes
 from policies.server import ServerConfig
 
 log = logging.getLogger("llm_gateway.connections")
 
 FD_RESERVE = 64  # files, the listening socket, Redis, telemetry exporters, logs
 SLOW_BODY_S = 2.0  # a body still arriving after this may be shed at the connection cap
+CUT_NOTICE_S = 0.5  # at the end of a drain: what a cut request has to tell its client
 
 
 @dataclass
@@ -290,7 +291,7 @@ class GuardedRunner(web.AppRunner):
 
     async def drain(self, within_s: float) -> None:
         """Stop accepting, let the requests in flight finish for at most ``within_s``, end the
-        ones still running (a stream is cut short), then clean up.
+        ones still running (a 503, or a stream cut short with an error event), then clean up.
 
         ``cleanup`` alone is not bounded so: aiohttp waits ``shutdown_timeout`` for a handler,
         then as long again after cancelling its request's body, which a handler streaming its
@@ -305,8 +306,16 @@ class GuardedRunner(web.AppRunner):
             # aiohttp signals no "last request ended": poll, as its own shutdown does
             while loop.time() < deadline and not all(_idle(h) for h in server.connections):  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
+            # What still runs is cancelled with a reason, and given a moment to tell its client
+            # (a 503, or an error event ending the stream: gateway.errors.STOPPING).
+            cut = [h for h in server.connections if not _idle(h) and h._task_handler is not None]
+            for handler in cut:
+                cast(asyncio.Task[None], handler._task_handler).cancel(STOPPING)
+            notice = loop.time() + CUT_NOTICE_S
+            while cut and loop.time() < notice and not all(_idle(h) for h in cut):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
             for handler in server.connections:
-                handler.force_close()  # its handler is cancelled (handler_cancellation)
+                handler.force_close()
         await self.cleanup()
 
 

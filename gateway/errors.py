@@ -100,3 +100,13 @@ class Unavailable(GatewayError):
 class UpstreamTimeout(GatewayError):
     status = 504
     type = "timeout_error"
+
+
+# The message a stopping server cancels its unfinished requests with (``GuardedRunner.drain``):
+# a request cut so tells its client (a 503, or an error event ending its stream) instead of
+# losing its connection without a word.
+STOPPING = "llm-gateway: the server is stopping"
+
+
+def stopping(exc: BaseException) -> bool:
+    return exc.args == (STOPPING,)

@@ -8,6 +8,7 @@ through the one relay path (``gateway.upstream.relay``) with the same ``RelayPla
 
 from __future__ import annotations
 
+import asyncio
 import time
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ from gateway.call import (
     read_body,
     upstream_headers,
 )
-from gateway.errors import BadRequest, Unavailable
+from gateway.errors import BadRequest, Unavailable, stopping
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import RequestTiming, SloTracker
 from gateway.protocol.openai import Endpoint, ParsedRequest, parse_request
@@ -41,7 +42,7 @@ from gateway.stages.cache import (
 from gateway.stages.limits import LimitStage, Quota
 from gateway.stages.record import Recorder, Served, Watch, ms_since
 from gateway.upstream.attempts import Attempt, AttemptOpener
-from gateway.upstream.relay import Relayed, RelayPlan, relay, send_answer
+from gateway.upstream.relay import ANSWER_STARTED, Relayed, RelayPlan, relay, send_answer
 from routing.admission import AdmissionRejected
 
 if TYPE_CHECKING:  # the tier stage imports numpy: loaded only for policies with tiers
@@ -85,6 +86,20 @@ class Orchestrator:
         return await self.run(self.call_for(request, rt, tenant, dialect.parsed, dialect))
 
     async def run(self, call: Call) -> web.StreamResponse:
+        try:
+            return await self._run(call)
+        except asyncio.CancelledError as exc:
+            # The server's drain reached its bound before an answer began: a 503 to retry
+            # elsewhere, not a dropped connection (a stream already begun is ended by the relay).
+            if not stopping(exc) or call.request.get(ANSWER_STARTED):
+                raise
+            if (task := asyncio.current_task()) is not None:
+                task.uncancel()
+            raise Unavailable(
+                "the gateway is shutting down; retry the request", headers={"Retry-After": "1"}
+            ) from None
+
+    async def _run(self, call: Call) -> web.StreamResponse:
         rt = call.rt
         # An attempt a stage left open is released when this ends (``Call.leases``).
         with self.recorder.outcome(call) as done, call.leases:

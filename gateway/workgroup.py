@@ -85,7 +85,7 @@ class LocalAdmin(Protocol):
 LOCAL = web.AppKey("llm_gateway.local_admin", LocalAdmin)
 CONTEXT = web.AppKey("llm_gateway.worker", WorkerContext)
 LEDGER = web.AppKey("llm_gateway.metrics_ledger", MetricsLedger)
-SCRAPES: web.AppKey["itertools.count[int]"] = web.AppKey("llm_gateway.scrapes")
+SCRAPES: web.AppKey[itertools.count[int]] = web.AppKey("llm_gateway.scrapes")
 PID_HEADER, SEQ_HEADER = "x-worker-pid", "x-worker-scrape"
 
 

@@ -50,7 +50,7 @@ from typing import Protocol
 import aiohttp
 from aiohttp import web
 
-from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.errors import UpstreamError, UpstreamTimeout, stopping
 from gateway.protocol.answers import render_sse
 from gateway.protocol.sse import MAX_EVENT_BYTES, EventTooLong, Framing
 from gateway.upstream.attempts import Attempt
@@ -85,6 +85,10 @@ class StreamFilter(Protocol):
     def feed(self, data: bytes) -> bytes: ...
 
     def flush(self) -> bytes: ...
+
+
+# Set once an answer's head went out: what goes wrong after that is told inside the answer.
+ANSWER_STARTED = web.RequestKey("llm_gateway.answer_started", bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +177,7 @@ async def send_answer(
         headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await resp.prepare(request)
+    request[ANSWER_STARTED] = True
     first_at = time.perf_counter()
     chunks = render_sse(json.loads(answer), include_usage=plan.include_usage)
     for chunk in chunks:
@@ -337,6 +342,7 @@ async def _relay_stream(
     resp = web.StreamResponse(status=upstream.status, headers=headers)
     resp.headers["Content-Type"] = "text/event-stream"  # the gateway's, whatever the upstream's
     await resp.prepare(request)
+    request[ANSWER_STARTED] = True
     result = RelayResult(upstream.status)
     out = StreamOut(resp, plan.client)
     finished = False
@@ -400,9 +406,17 @@ async def _relay_stream(
     except ConnectionResetError:
         result.status = 499  # the client went away mid-write
         return resp, result
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
+        if not out.complete and stopping(exc):  # the drain's bound: the client is told
+            if (task := asyncio.current_task()) is not None:
+                task.uncancel()
+            result.status = 503  # not the replica's failure: nothing is counted against it
+            await out.error(
+                "the gateway is shutting down: the answer was cut short", "service_unavailable",
+                503,
+            )  # fmt: skip
         if not out.complete:
-            raise  # the client went away before the end (or the server is stopping)
+            raise  # the client went away before the end
         # Every byte up to the end was handed over and the client closed, as clients may, while
         # the upstream's end of body was awaited: a complete answer, so the cancel is absorbed.
         if (task := asyncio.current_task()) is not None:

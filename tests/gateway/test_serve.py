@@ -4,7 +4,6 @@ flag errors it answers with one line (never a traceback)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import socket
@@ -16,7 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.conftest import FakeFactory, pool_policy
+from tests.conftest import FakeFactory, build_policy, pool_policy, vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 DRAIN_S = 3.0
@@ -45,10 +44,17 @@ async def test_sigterm_ends_streams_still_open_at_the_drain_bound(
     make_fake: FakeFactory, tmp_path: Path
 ) -> None:
     """The whole stop takes at most the drain bound: a stream longer than it is ended (aiohttp
-    alone waits its shutdown timeout twice for a handler that streams)."""
+    alone waits its shutdown timeout twice for a handler that streams) with an error event
+    saying why, and a request still waiting for its answer gets a 503 to retry elsewhere."""
     up = await make_fake(chunks=100, chunk_interval_ms=100)  # a 10 s stream
+    slow = await make_fake(latency_ms=20_000)  # an answer 20 s away
     policy = tmp_path / "policy.yaml"
-    policy.write_text(pool_policy([up.url]))
+    policy.write_text(
+        build_policy(
+            {"up": vllm(up.url), "slow": vllm(slow.url)},
+            {"m": {"backend": "up", "model": "fake-model"}, "s": {"backend": "slow"}},
+        )
+    )
     port = _free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", SERVE.format(drain_s=DRAIN_S), str(policy), str(port),
@@ -60,16 +66,23 @@ async def test_sigterm_ends_streams_still_open_at_the_drain_bound(
         client = openai.AsyncOpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0
         )
+        waiting = asyncio.create_task(
+            client.chat.completions.create(model="s", messages=[{"role": "user", "content": "hi"}])
+        )
         stream = await client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "hi"}], stream=True
         )
         received = 0
-        with contextlib.suppress(openai.APIError):  # cut short
+        with pytest.raises(openai.APIError, match="shutting down: the answer was cut short"):
             async for _ in stream:
                 received += 1
                 if received == 1:
                     started = time.monotonic()
                     proc.send_signal(signal.SIGTERM)
+        with pytest.raises(openai.APIStatusError, match="shutting down") as refused:
+            await waiting
+        assert refused.value.status_code == 503
+        assert refused.value.response.headers["retry-after"] == "1"
         assert await asyncio.wait_for(proc.wait(), 3 * DRAIN_S) == 0
         assert time.monotonic() - started < DRAIN_S + 1.0
         assert received < 100
