@@ -36,14 +36,27 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
-    router.add_post("/v1/responses", _create_response, expect_handler=expect_continue)
-    router.add_get("/v1/responses/{id}", _get_response)
-    router.add_delete("/v1/responses/{id}", _delete_response)
-    router.add_get("/v1/responses/{id}/input_items", _input_items)
-    router.add_post("/v1/messages", anthropic_errors(_messages), expect_handler=expect_continue)
-    router.add_post(
-        "/v1/messages/count_tokens", anthropic_errors(_count_tokens), expect_handler=expect_continue
-    )
+    post_r = counted(_create_response)
+    router.add_post("/v1/responses", post_r, expect_handler=expect_continue)
+    router.add_get("/v1/responses/{id}", counted(_get_response))
+    router.add_delete("/v1/responses/{id}", counted(_delete_response))
+    router.add_get("/v1/responses/{id}/input_items", counted(_input_items))
+    post_m = counted(anthropic_errors(_messages))
+    router.add_post("/v1/messages", post_m, expect_handler=expect_continue)
+    count = counted(anthropic_errors(_count_tokens))
+    router.add_post("/v1/messages/count_tokens", count, expect_handler=expect_continue)
+
+
+def counted(handler: Handler) -> Handler:
+    """An API route counted in ``llm_gateway_requests_total`` however it ends (a 401, a body
+    that is no JSON, a 413): labelled ``unknown`` until the request names a model the policy
+    serves (``_read_model``)."""
+
+    async def labelled(request: web.Request) -> web.StreamResponse:
+        request[LABELS_KEY] = (UNKNOWN_MODEL, "", "")
+        return await handler(request)
+
+    return labelled
 
 
 def _read_model(request: web.Request, rt: Runtime, raw: bytes) -> dict[str, Any]:

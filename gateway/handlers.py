@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.dialect_routes import anthropic_errors
+from gateway.dialect_routes import anthropic_errors, counted
 from gateway.errors import NotFound
 from gateway.keys import LIVE, METRICS, ORCHESTRATOR
 from gateway.middleware import expect_continue
@@ -17,8 +17,8 @@ def add_routes(router: web.UrlDispatcher, metrics: bool = True) -> None:
     router.add_post("/v1/chat/completions", _chat, expect_handler=expect_continue)
     router.add_post("/v1/completions", _completions, expect_handler=expect_continue)
     router.add_post("/v1/embeddings", _embeddings, expect_handler=expect_continue)
-    router.add_get("/v1/models", anthropic_errors(_models, versioned=True))
-    router.add_get("/v1/models/{model:.+}", anthropic_errors(_model, versioned=True))
+    router.add_get("/v1/models", counted(anthropic_errors(_models, versioned=True)))
+    router.add_get("/v1/models/{model:.+}", counted(anthropic_errors(_model, versioned=True)))
     router.add_get("/healthz", _healthz)
     router.add_get("/readyz", _readyz)
     if metrics:

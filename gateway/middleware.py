@@ -65,19 +65,14 @@ _new_request_id = _RequestIds()
 @web.middleware
 async def gateway_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = request.headers.get("x-request-id", "")[:128]
-    if not (request_id.isascii() and request_id.isprintable()) or not request_id:
-        request_id = _new_request_id()  # none, or one that must not be echoed in a header
+    if not _safe_id(request_id):
+        request_id = _new_request_id()  # none, or one that must not be echoed in a header or log
     request[REQUEST_ID] = request_id
     started = time.perf_counter()
     try:
         response = await handler(request)
     except asyncio.CancelledError:  # the client went away and aiohttp cancelled the handler
-        labels = request.get(LABELS_KEY)
-        if labels is not None:
-            model, backend, replica = labels
-            request.app[METRICS].observe_request(
-                model, backend, replica, 499, time.perf_counter() - started
-            )
+        _observed(request, 499, started, request_id)
         raise
     except GatewayError as exc:
         response = web.json_response(exc.body(), status=exc.status, headers=exc.headers)
@@ -92,15 +87,20 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             # The client went away while its request was read or answered (aiohttp cancels
             # the handler only with handler_cancellation): not an error of the gateway's, so
             # no traceback; counted as 499. The answer below reaches no one.
-            log.debug("client left during %s %s", request.method, request.path)
+            log.debug("client left during %s %s", request.method, _path(request))
             request[STATUS_KEY] = 499
             response = web.Response(status=499)
     except Exception:
         response = _internal_error(request, request_id)
     if not response.prepared:
         response.headers["x-request-id"] = request_id
+    _observed(request, request.get(STATUS_KEY, response.status), started, request_id)
+    return response
+
+
+def _observed(request: web.Request, status: int, started: float, request_id: str) -> None:
+    """The request's one metrics observation (an API request's) and its access-log line."""
     labels = request.get(LABELS_KEY)
-    status = request.get(STATUS_KEY, response.status)
     elapsed = time.perf_counter() - started
     if labels is not None:
         model, backend, replica = labels
@@ -109,10 +109,27 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         model, backend, replica = labels or ("-", "-", "-")
         access_log.info(
             "%s %s %s %d %.1fms model=%s backend=%s replica=%s id=%s",
-            request.remote, request.method, request.path, status, elapsed * 1000,
+            request.remote, request.method, _path(request), status, elapsed * 1000,
             model or "-", backend or "-", replica or "-", request_id,
         )  # fmt: skip
-    return response
+
+
+def _safe_id(request_id: str) -> bool:
+    """A caller's request id is echoed in a header and logged: printable ASCII, no spaces (a
+    space would let it pose as more ``key=value`` fields of the access-log line)."""
+    return (
+        bool(request_id)
+        and request_id.isascii()
+        and request_id.isprintable()
+        and (" " not in request_id)
+    )
+
+
+def _path(request: web.Request) -> str:
+    """The path as sent, for a log line: ``request.path`` is percent-decoded, and a ``%0A`` in
+    it would start a forged line."""
+    path = request.rel_url.raw_path
+    return path if path.isascii() and path.isprintable() else ascii(path)[1:-1]
 
 
 def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
@@ -130,7 +147,9 @@ def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
 
 
 def _internal_error(request: web.Request, request_id: str) -> web.Response:
-    log.exception("unhandled error in %s %s (request %s)", request.method, request.path, request_id)
+    log.exception(
+        "unhandled error in %s %s (request %s)", request.method, _path(request), request_id
+    )
     return web.json_response(
         error_body("internal gateway error", "server_error", "internal_error"), status=500
     )

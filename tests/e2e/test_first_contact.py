@@ -4,6 +4,7 @@ every problem at once, CORS, and a photo-sized body under the default limit."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -16,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.cli import main as cli_main
 from tests.conftest import FakeFactory, GatewayFactory, build_policy, vllm
@@ -200,3 +202,71 @@ async def test_a_photo_sized_image_fits_the_default_body_limit(
     assert r.choices[0].message.content
     sent = up.fake.requests[-1].body["messages"][0]["content"][1]["image_url"]["url"]
     assert len(json.dumps(sent)) > 4_700_000
+
+
+async def test_access_log_lines_cannot_be_forged_and_every_end_is_logged(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A percent-encoded newline in the path is logged as sent (no forged second line); a
+    request id with spaces is replaced (it could pose as more fields); a client that leaves
+    mid-stream still gets its line (499)."""
+    caplog.set_level(logging.INFO, logger="llm_gateway.access")
+    up = await make_fake(chunks=50, chunk_interval_ms=50)
+    gw = await make_gateway(policy(up.url, server={"access_log": True}))
+    forged = "/v1/x%0A2026-11-24 17:00:00,000 INFO llm_gateway.access: 10.0.0.9 POST /admin/reload"
+    spoof = {"x-request-id": "a status=200 model=x"}
+    async with aiohttp.ClientSession() as s:
+        async with s.get(gw.root + forged.replace(" ", "%20"), headers=spoof) as r:
+            assert r.status == 404
+            assert r.headers["x-request-id"] != spoof["x-request-id"]
+        async with s.get(gw.root + "/v1/x%E2%80%A8y") as r:
+            assert r.status == 404
+        body = {"model": "m", "messages": QUESTION, "stream": True}
+        async with s.post(
+            gw.root + "/v1/chat/completions", json=body, headers={"x-request-id": "left-1"}
+        ) as r:
+            await r.content.readline()  # the first event, then leave
+    for _ in range(100):
+        lines = [r.getMessage() for r in caplog.records if r.name == "llm_gateway.access"]
+        if any("id=left-1" in line for line in lines):
+            break
+        await asyncio.sleep(0.05)
+    assert len(lines) == 3, lines
+    assert all("\n" not in line and "\u2028" not in line for line in lines)
+    assert "GET /v1/x%0A2026-11-24%2017:00:00,000" in lines[0]
+    assert "status=200" not in lines[0]
+    assert "GET /v1/x%E2%80%A8y 404" in lines[1]
+    assert "POST /v1/chat/completions 499" in lines[2] and "id=left-1" in lines[2]
+
+
+async def test_dialect_errors_are_counted_like_chat_errors(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    import hashlib
+
+    up = await make_fake()
+    key = "sk-dialect-count-0123456789"
+    tenants = {"a": {"api_key_sha256": [hashlib.sha256(key.encode()).hexdigest()]}}
+    gw = await make_gateway(policy(up.url, tenants=tenants), api_key=key)
+    good = {"Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession() as s:
+        for path, headers, data, status in (
+            ("/v1/messages", {"x-api-key": "wrong-key-123456"}, b"{}", 401),
+            ("/v1/messages", good, b"not json", 400),
+            ("/v1/responses", good, b"not json", 400),
+            ("/v1/responses", {}, b"{}", 401),
+        ):
+            async with s.post(gw.root + path, headers=headers, data=data) as r:
+                assert r.status == status, (path, await r.text())
+        async with s.get(gw.root + "/v1/responses/resp_unknown", headers=good) as r:
+            assert r.status == 404
+        async with s.get(gw.root + "/metrics") as r:
+            text = await r.text()
+    counts = {
+        (sample.labels["model"], sample.labels["status"]): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "llm_gateway_requests"
+        for sample in family.samples
+        if sample.name == "llm_gateway_requests_total"
+    }
+    assert counts == {("unknown", "401"): 2, ("unknown", "400"): 2, ("unknown", "404"): 1}
