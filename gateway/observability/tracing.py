@@ -10,7 +10,8 @@ SDK's ``ReadableSpan`` in the export thread (or at once with ``batch=False``).
 Settings come from the policy's ``telemetry`` section, else the standard variables:
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (used as is), ``OTEL_EXPORTER_OTLP_ENDPOINT`` (a base:
 ``/v1/traces`` is added for HTTP), ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`` (``grpc``,
-``http/protobuf``), ``OTEL_SERVICE_NAME``; ``OTEL_SDK_DISABLED=true`` turns tracing off. A
+``http/protobuf``), ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES`` (e.g. ``k8s.pod.name``);
+``OTEL_SDK_DISABLED=true`` turns tracing off. A
 policy endpoint is a base URL too. Disabled telemetry hands out one shared no-op request span.
 
 Spans, sampling and kept failure traces: see ``gateway.observability.spans``.
@@ -22,6 +23,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import unquote
 
 from gateway.observability.otlp import (
     KIND_CLIENT,
@@ -74,6 +76,10 @@ class ExportSettings:
     protocol: Protocol_
     endpoint: str
     service_name: str
+    resource: tuple[tuple[str, str], ...] = ()  # OTEL_RESOURCE_ATTRIBUTES, service.name apart
+
+    def resource_attributes(self) -> dict[str, str]:
+        return {**dict(self.resource), "service.name": self.service_name}
 
 
 def export_settings(config: TelemetryConfig, environ: Mapping[str, str]) -> ExportSettings:
@@ -92,8 +98,27 @@ def export_settings(config: TelemetryConfig, environ: Mapping[str, str]) -> Expo
         endpoint = (
             "http://localhost:4317" if protocol == "grpc" else "http://localhost:4318/v1/traces"
         )
-    service = config.service_name or environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE
-    return ExportSettings(enabled, protocol, endpoint, service)
+    resource = resource_from_env(environ.get("OTEL_RESOURCE_ATTRIBUTES", ""))
+    service = (
+        config.service_name
+        or environ.get("OTEL_SERVICE_NAME")
+        or resource.pop("service.name", None)
+        or DEFAULT_SERVICE
+    )
+    resource.pop("service.name", None)
+    return ExportSettings(enabled, protocol, endpoint, service, tuple(resource.items()))
+
+
+def resource_from_env(raw: str) -> dict[str, str]:
+    """``OTEL_RESOURCE_ATTRIBUTES``: ``key=value`` pairs separated by commas, values
+    percent-encoded (the OpenTelemetry SDK's format); a pair without ``=`` or a key is skipped."""
+    attributes: dict[str, str] = {}
+    for pair in raw.split(","):
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if sep and key:
+            attributes[key] = unquote(value.strip())
+    return attributes
 
 
 def _signal_url(base: str, protocol: Protocol_) -> str:
@@ -158,7 +183,7 @@ class Telemetry(Tracer):
             "trace_failures": config.trace_failures,
             "failure_traces_per_s": config.failure_traces_per_s,
         }
-        resource = {"service.name": settings.service_name}
+        resource = settings.resource_attributes()
         if exporter is not None:
             deliver = _sdk_delivery(exporter, resource)
             if not batch:

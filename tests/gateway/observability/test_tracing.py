@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from bench.fake_upstream import site_port
+from gateway.observability.otlp import Encoder
 from gateway.observability.tracing import NOOP_REQUEST, Telemetry, export_settings
 from policies.server import TelemetryConfig
 from tests.gateway.observability.hedged_request import (
@@ -337,3 +338,26 @@ async def test_spans_reach_a_real_otlp_http_receiver() -> None:
     attrs = {a.key: a.value for a in root.attributes}
     assert attrs["gen_ai.usage.output_tokens"].int_value == 7
     assert attrs["gen_ai.request.model"].string_value == "m"
+
+
+def test_resource_attributes_come_from_the_environment() -> None:
+    """``OTEL_RESOURCE_ATTRIBUTES`` (what the Kubernetes manifest sets: pod, namespace) reaches
+    the exported resource; the service name's own settings win over its ``service.name``."""
+    env = {
+        "OTEL_RESOURCE_ATTRIBUTES": (
+            "k8s.pod.name=gw-7f9c, k8s.namespace.name=llm-gateway,service.name=from-attrs,"
+            "team=a%2Cb,broken,=nokey"
+        )
+    }
+    s = export_settings(TelemetryConfig(enabled=True), env)
+    assert s.service_name == "from-attrs"
+    assert s.resource_attributes() == {
+        "k8s.pod.name": "gw-7f9c",
+        "k8s.namespace.name": "llm-gateway",
+        "team": "a,b",
+        "service.name": "from-attrs",
+    }
+    s = export_settings(TelemetryConfig(enabled=True), {**env, "OTEL_SERVICE_NAME": "svc"})
+    assert s.resource_attributes()["service.name"] == "svc"
+    encoded = Encoder(s.resource_attributes()).request([])
+    assert b"k8s.pod.name" in encoded and b"gw-7f9c" in encoded
