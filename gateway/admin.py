@@ -5,7 +5,8 @@ Who may call them: with ``server.admin_token_env`` set, whoever sends ``Authoriz
 <that token>`` (from any address: behind a proxy on the host every caller looks like
 loopback, so the peer address proves nothing). Without a token, loopback callers only, and
 only while the gateway listens on loopback; bound to another address, the admin API answers
-403 until a token is configured.
+403 until a token is configured. Without a token a call must also come from a tool, not a web
+page: no ``Origin``, no cross-site ``Sec-Fetch-Site``, a loopback ``Host`` (403 otherwise).
 
 ``AppAdmin`` is what one process answers about itself; a pre-forked worker group asks each
 worker for it over its control socket and answers for all (``gateway.workgroup``).
@@ -128,6 +129,26 @@ def check_admin(request: web.Request) -> None:
         )
     if request.remote is None or not is_loopback(request.remote):
         raise NotFound(f"unknown route {request.method} {request.path}")
+    if not _from_this_host(request):
+        raise Forbidden(
+            "without an admin token the admin API answers only tools on this host, not a "
+            "browser page (Origin, Sec-Fetch-Site) or another host name (Host); set "
+            "server.admin_token_env to call it otherwise",
+            code="admin_token_required",
+        )
+
+
+def _from_this_host(request: web.Request) -> bool:
+    """A loopback peer is not enough without a token: a web page open on this machine can make
+    the browser POST here (a simple request, no preflight), and DNS rebinding lets a page read
+    the answers under its own host name. Tools (curl, the reload sidecar) send neither an
+    ``Origin`` nor ``Sec-Fetch-Site``, and name a loopback host."""
+    headers = request.headers
+    if "Origin" in headers or headers.get("Sec-Fetch-Site", "none") != "none":
+        return False
+    host = request.host.rsplit(":", 1)[0] if not request.host.startswith("[") else request.host
+    host = host.split("]")[0].lstrip("[")
+    return is_loopback(host)
 
 
 async def _surfaces(request: web.Request) -> web.Response:

@@ -186,13 +186,23 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
     headers = {
         "Access-Control-Allow-Origin": origin,
         "Access-Control-Allow-Methods": _PREFLIGHT_METHODS,
-        "Access-Control-Allow-Headers": ", ".join(cors.allow_headers),
+        "Access-Control-Allow-Headers": _allowed_headers(request, cors),
         "Access-Control-Max-Age": str(cors.max_age_s),
         "Vary": "Origin",
     }
     if cors.allow_credentials:
         headers["Access-Control-Allow-Credentials"] = "true"
     return web.Response(status=204, headers=headers)
+
+
+def _allowed_headers(request: web.Request, cors: CorsConfig) -> str:
+    """The preflight's requested headers that the policy allows (browsers match names exactly:
+    a pattern such as ``X-Stainless-*`` is answered with the names it covers)."""
+    asked = request.headers.get("Access-Control-Request-Headers", "")
+    names = [name.strip() for name in asked.split(",") if name.strip()]
+    allowed = [name for name in names if cors.allows_header(name)]
+    plain = [name for name in cors.allow_headers if not name.endswith("*")]
+    return ", ".join(dict.fromkeys(allowed + plain))
 
 
 async def cors_on_prepare(request: web.Request, response: web.StreamResponse) -> None:

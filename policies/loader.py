@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,9 +207,19 @@ def cross_check(
                 (("backends", name, "api_key_env"), f"environment variable {key_env} is not set")
             )
     token_env = policy.server.admin_token_env
-    if token_env is not None and not env.get(token_env):
+    token = env.get(token_env) if token_env is not None else None
+    if token_env is not None and not token:
         problems.append(
             (("server", "admin_token_env"), f"environment variable {token_env} is not set")
+        )
+    elif token is not None and (len(token) < 16 or re.search(r"[\s\x00-\x1f\x7f]", token)):
+        problems.append(  # never the value
+            (
+                ("server", "admin_token_env"),
+                f"the admin token in {token_env} must have at least 16 characters and no spaces "
+                "or control characters (is the variable padded, or does it end in a newline? "
+                "HTTP strips a header's trailing whitespace, so such a token could never match)",
+            )
         )
     seen_keys: dict[str, str] = {}  # sha256 digest -> tenant: one key, whichever way it is given
     for tenant, spec in policy.tenants.items():

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from policies import redact
 from policies.strict import Strict
@@ -76,8 +76,12 @@ class CorsConfig(Strict):
         "OpenAI-Organization",
         "OpenAI-Project",
         "OpenAI-Beta",
-        "X-Stainless-*",
-    ]
+        "X-Stainless-*",  # openai-js and anthropic-js: X-Stainless-Lang, -OS, -Retry-Count...
+        "X-Api-Key",
+        "Anthropic-Version",
+        "Anthropic-Beta",
+        "Anthropic-Dangerous-Direct-Browser-Access",
+    ]  # a name ending in "*" allows every header it begins (a preflight's are echoed back)
     expose_headers: list[str] = ["x-request-id", "x-gateway-cache", "x-gateway-replica"]
     max_age_s: int = Field(600, ge=0)
     allow_credentials: bool = False
@@ -91,6 +95,23 @@ class CorsConfig(Strict):
             if origin.endswith("/"):
                 raise ValueError(f"an origin has no path (drop the trailing '/'): {origin!r}")
         return value
+
+    @model_validator(mode="after")
+    def _credentials(self) -> CorsConfig:
+        if self.allow_credentials and "*" in self.allow_origins:
+            raise ValueError(
+                "allow_credentials with allow_origins '*': browsers refuse credentials for a "
+                "wildcard origin; list the origins"
+            )
+        return self
+
+    def allows_header(self, name: str) -> bool:
+        lowered = name.strip().lower()
+        for allowed in self.allow_headers:
+            pattern = allowed.lower()
+            if lowered == pattern or (pattern.endswith("*") and lowered.startswith(pattern[:-1])):
+                return True
+        return False
 
 
 class ServerConfig(Strict):

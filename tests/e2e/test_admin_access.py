@@ -69,6 +69,36 @@ async def test_without_a_token_a_gateway_bound_beyond_loopback_keeps_admin_off(
         assert body["error"]["code"] == "admin_token_required"
 
 
+async def test_without_a_token_a_browser_page_or_a_rebound_host_name_is_refused(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """A page open on the operator's machine can make the browser POST to loopback (no
+    preflight for a simple request), and DNS rebinding lets it read answers under its own host
+    name: without a token only tools (no Origin, no Sec-Fetch-Site, a loopback Host) get in."""
+    fake = await make_fake()
+    path = tmp_path / "p.yaml"
+    path.write_text(policy(fake.url))
+    gw = await make_gateway(path.read_text(), policy_path=path)
+    async with aiohttp.ClientSession() as s:
+        for headers in (
+            {"Origin": "https://evil.example"},
+            {"Sec-Fetch-Site": "cross-site"},
+            {"Host": "rebind.attacker.example"},
+            {"Host": "rebind.attacker.example:8080"},
+        ):
+            for method, route in ADMIN:
+                async with s.request(method, gw.root + route, headers=headers) as r:
+                    assert r.status == 403, (headers, route)
+                    assert (await r.json())["error"]["code"] == "admin_token_required"
+        for headers in (
+            {"Host": "localhost:8080"},
+            {"Host": "[::1]:8080"},
+            {"Sec-Fetch-Site": "none"},
+        ):
+            async with s.get(gw.root + "/admin/surfaces", headers=headers) as r:
+                assert r.status == 200, headers
+
+
 async def test_readyz_does_not_print_the_policy_path(
     make_fake: FakeFactory, make_gateway: GatewayFactory, tmp_path: Path
 ) -> None:

@@ -164,6 +164,28 @@ async def test_cors_is_opt_in(make_fake: FakeFactory, make_gateway: GatewayFacto
             assert r.headers["Access-Control-Allow-Origin"] == origin
             assert "POST" in r.headers["Access-Control-Allow-Methods"]
             assert "Authorization" in r.headers["Access-Control-Allow-Headers"]
+        # what openai-js and anthropic-js send from a browser: names a pattern covers are
+        # answered by name (browsers do not read "X-Stainless-*" as a pattern)
+        sdk = {
+            **preflight,
+            "Access-Control-Request-Headers": (
+                "authorization,content-type,x-stainless-os,x-stainless-lang,x-api-key,"
+                "anthropic-version,anthropic-dangerous-direct-browser-access,x-not-allowed"
+            ),
+        }
+        async with s.options(gw.base_url + "/chat/completions", headers=sdk) as r:
+            assert r.status == 204
+            allowed = {
+                h.strip().lower() for h in r.headers["Access-Control-Allow-Headers"].split(",")
+            }
+            assert {
+                "x-stainless-os",
+                "x-stainless-lang",
+                "x-api-key",
+                "anthropic-version",
+            } <= allowed
+            assert "anthropic-dangerous-direct-browser-access" in allowed
+            assert "x-not-allowed" not in allowed and "x-stainless-*" not in allowed
         other = {**preflight, "Origin": "https://evil.example"}
         async with s.options(gw.base_url + "/chat/completions", headers=other) as r:
             assert r.status == 403
@@ -270,3 +292,19 @@ async def test_dialect_errors_are_counted_like_chat_errors(
         if sample.name == "llm_gateway_requests_total"
     }
     assert counts == {("unknown", "401"): 2, ("unknown", "400"): 2, ("unknown", "404"): 1}
+
+
+def test_cors_wildcard_with_credentials_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        policy(
+            "http://127.0.0.1:9/v1",
+            server={"cors": {"allow_origins": ["*"], "allow_credentials": True}},
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", str(path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "server.cors: allow_credentials with allow_origins '*'" in proc.stderr, proc.stderr
