@@ -51,6 +51,8 @@ from routing.calibration import wants_large
 from routing.cascade import CascadeVerdict, CascadeVerifier, SmallAnswer
 from routing.difficulty import DifficultyEstimator
 
+CLOCK_SLACK_S = 0.005
+
 
 @dataclass(frozen=True, slots=True)
 class TierChoice:
@@ -177,7 +179,9 @@ class TierStage:
 
 
 def _past(deadline: float | None) -> bool:
-    return deadline is not None and time.perf_counter() >= deadline
+    """The caller's deadline is (all but) spent: within ``CLOCK_SLACK_S``, as a timer set for
+    it may fire that much before ``perf_counter`` reaches it (uvloop)."""
+    return deadline is not None and time.perf_counter() >= deadline - CLOCK_SLACK_S
 
 
 def _non_streaming(parsed: ParsedRequest) -> ParsedRequest:
@@ -306,9 +310,10 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
                 finish = reason if isinstance(reason, str) and reason else finish
 
     remaining = None if call.deadline is None else call.deadline - time.perf_counter()
+    window = asyncio.timeout(remaining)
     try:
         scan(splitter.feed(framing.feed(b"".join(held))))
-        async with asyncio.timeout(remaining):
+        async with window:
             while not done and len(pieces) < tokens:
                 data = await attempt.response.content.readany()
                 if not data:
@@ -319,7 +324,8 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
                 held.append(data)
                 scan(splitter.feed(framing.feed(data)))
     except TimeoutError as exc:
-        if not _past(call.deadline):  # aiohttp's read timer: idle_s between reads
+        if not window.expired():  # aiohttp's read timer: idle_s between reads (not the clocks:
+            # uvloop may fire the deadline's timer a little before perf_counter reaches it)
             attempt.failure = "the stream stopped coming (idle_s)"
             _failed(attempt)
             raise UpstreamTimeout("the small tier stopped sending", code="tier_failed") from exc

@@ -220,10 +220,11 @@ async def read_whole(attempt: Attempt, deadline: float | None, max_bytes: int) -
     """
     upstream = attempt.response
     limit, ours = _limit(attempt, deadline)
+    window: asyncio.Timeout | None = None
     try:
         body = upstream.whole(max_bytes) if isinstance(upstream, Http1Response) else None
         if body is None:  # not all here yet: read it under the time limit
-            async with asyncio.timeout(max(limit - time.perf_counter(), 0.0)):
+            async with asyncio.timeout(max(limit - time.perf_counter(), 0.0)) as window:
                 body = await read_answer(upstream, max_bytes)
     except AnswerTooLarge as exc:
         upstream.close()
@@ -234,7 +235,9 @@ async def read_whole(attempt: Attempt, deadline: float | None, max_bytes: int) -
         ) from exc
     except TimeoutError as exc:
         upstream.close()
-        if time.perf_counter() < limit:  # the upstream went silent between reads
+        # Which timer fired: the limit's own (uvloop may fire it a little before perf_counter
+        # reaches the limit, so the clocks are not compared), else the reads' idle_s.
+        if window is None or not window.expired():  # the upstream went silent between reads
             attempt.failure = "the answer stopped coming (idle_s)"
             raise UpstreamTimeout(
                 "the upstream stopped sending its answer (the backend's timeouts.idle_s)",
@@ -357,15 +360,16 @@ async def _relay_stream(
             first = framing.feed(attempt.first)
             _noted(result, plan, first, attempt.first_at or time.perf_counter())
             await out.write(first if keep is None else keep.feed(first))
+        window = asyncio.timeout(max(limit - time.perf_counter(), 0.0))
         try:
-            async with asyncio.timeout(max(limit - time.perf_counter(), 0.0)):
+            async with window:
                 # Per chunk: frame it, note it (plain calls, no coroutine), send it.
                 async for data in upstream.content.iter_any():
                     data = framing.feed(data)
                     _noted(result, plan, data, time.perf_counter())
                     await out.write(data if keep is None else keep.feed(data))
         except TimeoutError:
-            if time.perf_counter() < limit:
+            if not window.expired():  # not the clocks: uvloop may fire a little early
                 raise  # the upstream went silent (idle_s), not a deadline
             if ours:
                 result.deadline_hit = True
@@ -402,7 +406,10 @@ async def _relay_stream(
     except TimeoutError:
         result.status = 504
         attempt.failure = "the stream stopped coming (idle_s)"
-        await out.error("the upstream stopped sending", "timeout_error", 504)
+        await out.error(
+            "the upstream stopped sending (the backend's timeouts.idle_s)", "timeout_error", 504,
+            "idle_timeout",
+        )  # fmt: skip
     except ConnectionResetError:
         result.status = 499  # the client went away mid-write
         return resp, result
@@ -413,7 +420,7 @@ async def _relay_stream(
             result.status = 503  # not the replica's failure: nothing is counted against it
             await out.error(
                 "the gateway is shutting down: the answer was cut short", "service_unavailable",
-                503,
+                503, "shutting_down",
             )  # fmt: skip
         if not out.complete:
             raise  # the client went away before the end

@@ -177,9 +177,10 @@ async def test_the_head_may_take_first_byte_s_and_the_body_idle_s(
     loop = asyncio.get_running_loop()
     started = loop.time()
     stream = await gw.client.chat.completions.create(model="s", messages=MESSAGES, stream=True)
-    with pytest.raises(openai.APIError, match="stopped sending"):
+    with pytest.raises(openai.APIError, match="stopped sending") as stopped:
         _ = [c async for c in stream]
     assert loop.time() - started < 2
+    assert stopped.value.code == "idle_timeout"  # as the JSON answer for the same end says
 
 
 @pytest.fixture

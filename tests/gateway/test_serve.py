@@ -130,3 +130,55 @@ def test_an_address_that_cannot_be_listened_on_is_one_line(tmp_path: Path, worke
     for run in (proc,):
         assert "Traceback" not in run.stderr and "Unclosed" not in run.stderr
     assert os.path.exists(policy)
+
+
+async def test_a_surface_deadline_under_uvloop_ends_streams_gracefully(
+    make_fake: FakeFactory, tmp_path: Path
+) -> None:
+    """uvloop may fire the deadline's timer a little before ``perf_counter`` reaches it: the
+    relay must still read that as the deadline (a graceful ``length`` end), not as the upstream
+    going silent (an error event, a failure charged to the replica, ejected after two)."""
+    up = await make_fake(chunks=40, chunk_interval_ms=20)  # 0.8 s of stream, cut at 0.25 s
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        build_policy(
+            {"up": {**vllm(up.url), "health": {"eject_after": 2, "cooldown_s": 600}}},
+            {"m": {"backend": "up", "model": "fake-model"}},
+            surfaces={
+                "fast": {
+                    "match": {"header": "fast"},
+                    "budget": {"total_ms": 250},
+                    "actions": {"deadline": True},
+                }
+            },
+        )
+    )
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SERVE.format(drain_s=DRAIN_S), str(policy), str(port),
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        await asyncio.wait_for(proc.stdout.readline(), 30)
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0,
+            default_headers={"X-Surface": "fast"},
+        )  # fmt: skip
+
+        async def one() -> str | None:
+            stream = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+            finish = None
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            return finish
+
+        for _ in range(6):
+            assert await asyncio.gather(*(one() for _ in range(10))) == ["length"] * 10
+        await client.close()
+    finally:
+        proc.terminate()
+        await proc.wait()
