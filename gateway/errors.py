@@ -61,6 +61,10 @@ class Unauthorized(GatewayError):
     status = 401
     type = "authentication_error"
 
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        # RFC 9110: a 401 names the scheme it wants
+        super().__init__(message, code=code, headers={"WWW-Authenticate": "Bearer"})
+
 
 class Forbidden(GatewayError):
     status = 403

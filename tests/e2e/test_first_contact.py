@@ -280,6 +280,8 @@ async def test_dialect_errors_are_counted_like_chat_errors(
         ):
             async with s.post(gw.root + path, headers=headers, data=data) as r:
                 assert r.status == status, (path, await r.text())
+                if status == 401:  # RFC 9110: a 401 names the scheme it wants
+                    assert r.headers["WWW-Authenticate"] == "Bearer"
         async with s.get(gw.root + "/v1/responses/resp_unknown", headers=good) as r:
             assert r.status == 404
         async with s.get(gw.root + "/metrics") as r:
