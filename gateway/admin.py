@@ -110,11 +110,7 @@ def check_admin(request: web.Request) -> None:
     """Who may call the admin API (the module's docstring); raises otherwise."""
     token = request.app[LIVE].current.admin_token
     if token:
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(
-            given.encode("utf-8", "surrogateescape"), token.encode()
-        )
-        if not ok:
+        if not _bearer(request, token):
             raise Unauthorized(
                 "the admin API needs 'Authorization: Bearer <admin token>' "
                 "(server.admin_token_env)",
@@ -136,6 +132,24 @@ def check_admin(request: web.Request) -> None:
             "server.admin_token_env to call it otherwise",
             code="admin_token_required",
         )
+
+
+def check_metrics(request: web.Request) -> None:
+    """``/metrics`` asks for ``server.metrics_token_env``'s token when the policy sets one (its
+    labels name tenants, their spend and the replicas' addresses)."""
+    token = request.app[LIVE].current.metrics_token
+    if token and not _bearer(request, token):
+        raise Unauthorized(
+            "/metrics needs 'Authorization: Bearer <metrics token>' (server.metrics_token_env)",
+            code="invalid_metrics_token",
+        )
+
+
+def _bearer(request: web.Request, token: str) -> bool:
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.encode("utf-8", "surrogateescape"), token.encode()
+    )
 
 
 def _from_this_host(request: web.Request) -> bool:

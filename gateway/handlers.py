@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from gateway.admin import check_metrics
 from gateway.dialect_routes import anthropic_errors, counted
 from gateway.errors import NotFound
 from gateway.keys import LIVE, METRICS, ORCHESTRATOR
@@ -80,5 +81,6 @@ async def _readyz(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
+    check_metrics(request)
     body = request.app[METRICS].render()
     return web.Response(body=body, content_type="text/plain", charset="utf-8")

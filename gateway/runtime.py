@@ -124,6 +124,8 @@ class Runtime:
         self.retry_after = str(policy.server.retry_after_s)
         token_env = policy.server.admin_token_env
         self.admin_token = os.environ.get(token_env) if token_env else None
+        token_env = policy.server.metrics_token_env
+        self.metrics_token = os.environ.get(token_env) if token_env else None
         self._tenants_by_digest: dict[str, str] = {}
         for name, tenant in policy.tenants.items():
             for key in tenant.api_keys:

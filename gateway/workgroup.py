@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
-from gateway.admin import check_admin, no_policy_file, policy_rejected
+from gateway.admin import check_admin, check_metrics, no_policy_file, policy_rejected
 from gateway.build import refuse_unshared_limits
 from gateway.errors import BadRequest, NotFound, Unavailable, error_body
 from gateway.observability.group_ledger import Answer, MetricsLedger
@@ -197,6 +197,7 @@ def _admin(
 
 
 async def _group_metrics(request: web.Request) -> web.Response:
+    check_metrics(request)
     replies, _ = await fan_out(request.app[CONTEXT], "GET", "/metrics")
     answers = {r.index: Answer(r.pid, r.seq, r.body.decode()) for r in replies if r.status == 200}
     body = await request.app[LEDGER].group_text(answers)

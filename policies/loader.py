@@ -206,21 +206,22 @@ def cross_check(
             problems.append(
                 (("backends", name, "api_key_env"), f"environment variable {key_env} is not set")
             )
-    token_env = policy.server.admin_token_env
-    token = env.get(token_env) if token_env is not None else None
-    if token_env is not None and not token:
-        problems.append(
-            (("server", "admin_token_env"), f"environment variable {token_env} is not set")
-        )
-    elif token is not None and (len(token) < 16 or re.search(r"[\s\x00-\x1f\x7f]", token)):
-        problems.append(  # never the value
-            (
-                ("server", "admin_token_env"),
-                f"the admin token in {token_env} must have at least 16 characters and no spaces "
-                "or control characters (is the variable padded, or does it end in a newline? "
-                "HTTP strips a header's trailing whitespace, so such a token could never match)",
+    for setting, token_env in (
+        ("admin_token_env", policy.server.admin_token_env),
+        ("metrics_token_env", policy.server.metrics_token_env),
+    ):
+        token = env.get(token_env) if token_env is not None else None
+        if token_env is not None and not token:
+            problems.append((("server", setting), f"environment variable {token_env} is not set"))
+        elif token is not None and (len(token) < 16 or re.search(r"[\s\x00-\x1f\x7f]", token)):
+            problems.append(  # never the value
+                (
+                    ("server", setting),
+                    f"the token in {token_env} must have at least 16 characters and no spaces "
+                    "or control characters (is the variable padded, or does it end in a newline? "
+                    "HTTP strips a header's trailing whitespace, so such a token could never match)",
+                )
             )
-        )
     seen_keys: dict[str, str] = {}  # sha256 digest -> tenant: one key, whichever way it is given
     for tenant, spec in policy.tenants.items():
         given: list[tuple[KeyPath, str]] = []

@@ -12,6 +12,8 @@ server:
   max_client_connections: 1024    # open client connections; beyond: the oldest idle one closes,
                                   # or 503 when none is idle (capped by the open-file limit)
   admin_token_env: null           # a variable holding the admin token (/admin/*: Bearer token)
+  metrics_token_env: null         # a variable holding a token /metrics then asks for (Bearer):
+                                  # its labels name tenants, their spend, replica addresses
   access_log: false               # one line per request: no prompt, no key
   cors: null                      # {allow_origins: ["https://app.example"], ...} for browsers
   surface_header: X-Surface       # the request header that selects a surface
@@ -125,6 +127,7 @@ class ServerConfig(Strict):
     keepalive_timeout_s: float = Field(75.0, gt=0)
     max_client_connections: int = Field(1024, ge=1)
     admin_token_env: str | None = Field(None, min_length=1)
+    metrics_token_env: str | None = Field(None, min_length=1)
     access_log: bool = False
     cors: CorsConfig | None = None
     surface_header: str = "X-Surface"

@@ -139,3 +139,26 @@ async def test_reloading_an_alias_bomb_is_refused_quickly_while_traffic_goes_on(
     path.write_bytes(b"backends:\n  up: {kind: vllm, replicas: [\x00]}\n")
     status, body = await call(gw.root, "POST", "/admin/reload")
     assert status == 400 and "p.yaml:2" in body["error"]["message"]
+
+
+async def test_metrics_can_ask_for_a_token(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/metrics labels name tenants, their spend and the replicas' addresses: with
+    ``server.metrics_token_env`` only a scraper with the token reads them."""
+    monkeypatch.setenv("METRICS_TOKEN", "metrics-token-0123456789")
+    fake = await make_fake()
+    gw = await make_gateway(policy(fake.url, metrics_token_env="METRICS_TOKEN"))
+    async with aiohttp.ClientSession() as s:
+        for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}):
+            async with s.get(gw.root + "/metrics", headers=headers) as r:
+                assert r.status == 401
+                assert r.headers["WWW-Authenticate"] == "Bearer"
+                assert (await r.json())["error"]["code"] == "invalid_metrics_token"
+        good = {"Authorization": "Bearer metrics-token-0123456789"}
+        async with s.get(gw.root + "/metrics", headers=good) as r:
+            assert r.status == 200
+            assert "llm_gateway_requests_total" in await r.text()
+    plain = await make_gateway(policy(fake.url))  # without the setting: open, as before
+    async with aiohttp.ClientSession() as s, s.get(plain.root + "/metrics") as r:
+        assert r.status == 200

@@ -93,7 +93,7 @@ def test_an_admin_token_that_could_never_match_is_refused(token: str) -> None:
     strips a header's trailing whitespace, so the first could never be presented at all."""
     found = issues(BACKEND + "server: {admin_token_env: ADMIN_TOKEN}\n", {"ADMIN_TOKEN": token})
     assert len(found) == 1
-    assert found[0].startswith("p.yaml:3: server.admin_token_env: the admin token in ADMIN_TOKEN")
+    assert found[0].startswith("p.yaml:3: server.admin_token_env: the token in ADMIN_TOKEN")
     assert token.strip() not in found[0]
     good = {"ADMIN_TOKEN": "a-good-token-0123"}
     assert parse_policy(BACKEND + "server: {admin_token_env: ADMIN_TOKEN}\n", "p.yaml", good)
