@@ -80,6 +80,10 @@ def lazy(name: str, make: Callable[[Any], Mapping[str, Any]]) -> None:
 KIND_INTERNAL, KIND_SERVER, KIND_CLIENT = 1, 2, 3
 STATUS_UNSET, STATUS_ERROR = 0, 2
 _CACHE_MAX = 8192
+# What a cache keeps is bounded in bytes too, not only in entries: a string longer than this
+# (characters), or a group or array whose encoding is longer (bytes), is encoded each time and
+# never kept, so one odd span (a caller's 4 MB model name) cannot pin memory in 8192 entries.
+_KEEP_MAX = 512
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CHUNK = 32  # records encoded by one loop callback...
@@ -132,6 +136,8 @@ def _kept_field(cache: dict[str, bytes], number: int, text: str) -> bytes:
     """``text`` as the string field ``number``, kept in ``cache`` (cleared when full)."""
     encoded = cache.get(text)
     if encoded is None:
+        if len(text) > _KEEP_MAX:
+            return _field(number, text.encode())
         if len(cache) >= _CACHE_MAX:
             cache.clear()
         encoded = cache[text] = _field(number, text.encode())
@@ -162,9 +168,10 @@ class Encoder:
     replica...) is kept whole, per (prefix, keys, values), so it costs one lookup; a
     ``CONSTANT`` group is kept by identity; a ``LAZY`` group and events (ids, token counts,
     timings: new each time) are written attribute by attribute. Caches are bounded (cleared
-    when full). A group's entry carries its keys: a span whose groups share no key (the usual
-    case) is the concatenation of its groups' bytes; one where a key is set twice is merged
-    first (later groups win, a key is sent once).
+    when full at 8192 entries; an entry over ``_KEEP_MAX`` is never kept). A group's entry
+    carries its keys: a span whose groups share no key (the usual case) is the concatenation of
+    its groups' bytes; one where a key is set twice is merged first (later groups win, a key is
+    sent once).
     """
 
     def __init__(self, resource: Mapping[str, Any], scope: str = "llm_gateway") -> None:
@@ -187,6 +194,8 @@ class Encoder:
         if encoded is None:
             any_value = _any_value(items)
             encoded = b"\x12" + _varint(len(any_value)) + any_value
+            if len(encoded) > _KEEP_MAX:
+                return encoded
             if len(self._arrays) >= _CACHE_MAX:
                 self._arrays.clear()
             self._arrays[items] = encoded
@@ -240,6 +249,8 @@ class Encoder:
             return self._encode(tag, prefix, attrs)
         if group is None:
             group = self._encode(tag, prefix, attrs)
+            if len(group[0]) > _KEEP_MAX:
+                return group
             if len(self._groups) >= _CACHE_MAX:
                 self._groups.clear()
             self._groups[key] = group

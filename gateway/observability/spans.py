@@ -65,6 +65,10 @@ _REQUEST_PARAMS = {
     "stream": "gen_ai.request.stream",
 }
 _GATEWAY = "gateway."
+# A caller's (or an upstream's) string in a span is cut to this many characters: a span is a
+# few hundred bytes, and a 4 MB model name must not become a 4 MB span (which the encoder would
+# keep in its caches and a collector would refuse with the whole batch).
+MAX_TEXT = 256
 _FAILED_OUTCOMES = frozenset(("http_5xx", "connect_error", "timeout", "abandoned", "bad_answer"))
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
@@ -142,14 +146,17 @@ class Tracer:
             if not sampled:
                 return NOOP_REQUEST
             state = headers.get("tracestate", "")
-        attrs: dict[str, Any] = {OPERATION: operation, REQUEST_MODEL: request_model}
+        model = capped(request_model)
+        attrs: dict[str, Any] = {OPERATION: operation, REQUEST_MODEL: model}
         if body is not None:
             for field, name in _REQUEST_PARAMS.items():
                 value = body.get(field)
-                if isinstance(value, (bool, int, float, str)):
+                if isinstance(value, (bool, int, float)):
                     attrs[name] = value
-        return RequestSpan(self, operation, f"{operation} {request_model}", trace_id, parent_id,
-                           state, attrs)  # fmt: skip
+                elif isinstance(value, str):
+                    attrs[name] = capped(value)
+        return RequestSpan(self, operation, f"{operation} {model}", trace_id, parent_id, state,
+                           attrs)  # fmt: skip
 
     def take_failure_token(self) -> bool:
         """One failure trace from the bucket (refilled at ``failure_traces_per_s``)."""
@@ -386,10 +393,11 @@ class DeferredRequestSpan(RequestSpan):
         self.operation = operation
         self.recording = False
         self.keeps_decisions = True
-        self.name = f"{operation} {request_model}"
+        model = capped(request_model)
+        self.name = f"{operation} {model}"
         self.start_ns = _time_ns()
         self.trace_state = ""
-        self.groups = [("", {OPERATION: operation, REQUEST_MODEL: request_model})]
+        self.groups = [("", {OPERATION: operation, REQUEST_MODEL: model})]
         self.events = []
         self.ended = False
         self.attempts: list[AttemptSpan] = []
@@ -446,12 +454,17 @@ def response_attributes(
     finish_reasons: Sequence[str],
 ) -> dict[str, Any]:
     return {
-        RESPONSE_MODEL: model,
-        RESPONSE_ID: response_id,
+        RESPONSE_MODEL: None if model is None else capped(model),
+        RESPONSE_ID: None if response_id is None else capped(response_id),
         INPUT_TOKENS: input_tokens,
         OUTPUT_TOKENS: output_tokens,
         FINISH_REASONS: list(finish_reasons) or None,
     }
+
+
+def capped(text: str) -> str:
+    """``text`` cut to ``MAX_TEXT`` characters (a caller's model name, an upstream's id)."""
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT]
 
 
 @lru_cache(maxsize=1024)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
 from typing import Any
 
+import aiohttp
 import grpc  # type: ignore[import-untyped]
 import pytest
 from aiohttp import web
@@ -35,8 +37,9 @@ from gateway.observability.otlp import (
     SpanRecord,
     lazy,
 )
-from gateway.observability.spans import NOOP_REQUEST, Tracer, parse_traceparent
-from gateway.observability.tracing import body_attributes
+from gateway.observability.spans import MAX_TEXT, NOOP_REQUEST, Tracer, parse_traceparent
+from gateway.observability.tracing import Telemetry, body_attributes
+from tests.conftest import FakeFactory, GatewayFactory, pool_policy
 from tests.gateway.observability.hedged_request import (
     CALLER_SPAN,
     CALLER_TRACE,
@@ -485,3 +488,73 @@ def test_an_integer_past_int64_is_sent_as_text_not_as_a_corrupt_varint() -> None
     assert got["gateway.low"] == str(-(2**63) - 1)
     assert (got["gateway.top"], got["gateway.bottom"]) == (2**63 - 1, -(2**63))
     assert got["gateway.list"] == [1, str(2**64)]
+
+
+# --- through the app: the request path's spans, encoded and decoded as a collector would ----
+
+
+class AppTraces:
+    """The gateway's own exporter and encoder, delivering to a list of decoded spans."""
+
+    def __init__(self, record_content: bool = False) -> None:
+        self.encoder = Encoder({"service.name": "t"})
+        self.receiver = Receiver()
+        self.exporter = Exporter(self._deliver, prepare=self.encoder.span)
+        self.telemetry = Telemetry(
+            self.exporter, exporter=self.exporter, record_content=record_content
+        )
+
+    def _deliver(self, spans: list[bytes]) -> None:
+        self.receiver.bodies.append(self.encoder.request(spans))
+
+    async def spans(self) -> list[Span]:
+        assert await asyncio.to_thread(self.exporter.force_flush, 10.0)
+        return self.receiver.spans()
+
+
+def _retained(obj: Any, seen: set[int]) -> int:
+    """Bytes held by ``obj`` and what it holds (dicts, tuples, lists, sets; each object once)."""
+    if id(obj) in seen or isinstance(obj, type):
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        size += sum(_retained(k, seen) + _retained(v, seen) for k, v in obj.items())
+    elif isinstance(obj, (tuple, list, frozenset, set)):
+        size += sum(_retained(v, seen) for v in obj)
+    return size
+
+
+async def test_a_huge_model_name_makes_a_small_span_that_is_not_kept(
+    make_gateway: GatewayFactory, make_fake: FakeFactory
+) -> None:
+    """A caller's model name of a megabyte (an unknown model: 404) is cut in the span's name and
+    attributes, and nothing of it stays in the encoder's caches."""
+    fake = await make_fake()
+    traces = AppTraces()
+    gw = await make_gateway(pool_policy([fake.url]), telemetry=traces.telemetry)
+    async with aiohttp.ClientSession() as session:
+        for i in range(8):
+            model = f"{i}" + "x" * 2**20
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+            async with session.post(gw.base_url + "/chat/completions", json=body) as r:
+                assert r.status == 404
+    spans = await traces.spans()
+    assert len(spans) == 8
+    for span in spans:
+        model = attrs(span)["gen_ai.request.model"]
+        assert len(model) == MAX_TEXT and model.endswith("x")
+        assert span.name == "chat " + model
+        assert span.ByteSize() < 2 * MAX_TEXT + 1024
+    assert _retained(vars(traces.encoder), set()) < 256 * 1024
+
+
+def test_the_encoders_caches_keep_no_large_strings() -> None:
+    """Whatever reaches the encoder (spans are cut before it), its caches stay small: a long
+    name, value or array is encoded each time and never kept."""
+    encoder = Encoder({"service.name": "t"})
+    for i in range(16):
+        big = f"{i}" + "y" * 2**18
+        groups = (("", {"model": big}), ("gateway.", {"tenant": big}), ("", {"list": [big]}))
+        encoder.span((1, 2, 0, big, 1, 0, 1, groups, ((0, big, None),), 0, "", ""))
+    assert _retained(vars(encoder), set()) < 64 * 1024
