@@ -271,9 +271,15 @@ class RequestSpan:
             if server_url is not None:
                 self.groups.append((CONSTANT, server_attributes(server_url)))
 
+    @property
+    def records_content(self) -> bool:
+        """Whether ``content`` keeps anything (the policy's ``telemetry.record_content``):
+        callers collect the answer's text only then."""
+        return self.recording and self.tracer is not None and self.tracer.record_content
+
     def content(self, input_messages_json: str | None, output_messages_json: str | None) -> None:
         """Prompt and completion (JSON, GenAI message shape): only when the policy opts in."""
-        if self.recording and self.tracer is not None and self.tracer.record_content:
+        if self.records_content:
             self.groups.append(
                 ("", {INPUT_MESSAGES: input_messages_json, OUTPUT_MESSAGES: output_messages_json})
             )

@@ -56,6 +56,14 @@ class ResponseSummary:
             if collect_text:
                 self._text(choice)
 
+    def output_messages(self) -> str:
+        """The answer's text as ``gen_ai.output.messages`` (JSON; collected with
+        ``collect_text``): one assistant message, the choices' text joined."""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text)}
+        if self.finish_reasons:
+            message["finish_reason"] = self.finish_reasons[0]
+        return json.dumps([message], ensure_ascii=False)
+
     def _text(self, choice: dict[str, Any]) -> None:
         for part in (choice.get("message"), choice.get("delta")):
             if isinstance(part, dict) and isinstance(part.get("content"), str):

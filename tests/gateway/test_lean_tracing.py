@@ -9,6 +9,7 @@ them.
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
 import sys
 import threading
@@ -558,3 +559,33 @@ def test_the_encoders_caches_keep_no_large_strings() -> None:
         groups = (("", {"model": big}), ("gateway.", {"tenant": big}), ("", {"list": [big]}))
         encoder.span((1, 2, 0, big, 1, 0, 1, groups, ((0, big, None),), 0, "", ""))
     assert _retained(vars(encoder), set()) < 64 * 1024
+
+
+@pytest.mark.parametrize("record_content", [True, False])
+async def test_the_request_path_records_content_only_when_opted_in(
+    make_gateway: GatewayFactory, make_fake: FakeFactory, record_content: bool
+) -> None:
+    """``telemetry.record_content`` puts the prompt and the answer's text on the request's span,
+    answered whole or streamed, in the chat API or another client API (Anthropic Messages)."""
+    fake = await make_fake(reply="the fake answer")
+    traces = AppTraces(record_content)
+    gw = await make_gateway(pool_policy([fake.url]), telemetry=traces.telemetry)
+    messages = [{"role": "user", "content": "a secret prompt"}]
+    async with aiohttp.ClientSession() as session:
+        for path in ("/chat/completions", "/messages"):
+            for stream in (False, True):
+                body = {"model": "m", "max_tokens": 16, "stream": stream, "messages": messages}
+                async with session.post(gw.base_url + path, json=body) as r:
+                    assert r.status == 200, await r.text()
+                    await r.read()
+    roots = [s for s in await traces.spans() if s.name == "chat m"]
+    assert len(roots) == 4
+    streamed = "tok0 tok1 tok2 tok3 "  # the fake streams one token a chunk
+    for root, text in zip(roots, ["the fake answer", streamed] * 2, strict=True):
+        got = attrs(root)
+        if not record_content:
+            assert "gen_ai.input.messages" not in got and "gen_ai.output.messages" not in got
+            continue
+        assert json.loads(got["gen_ai.input.messages"])[-1] == messages[0]
+        (output,) = json.loads(got["gen_ai.output.messages"])
+        assert output == {"role": "assistant", "content": text, "finish_reason": "stop"}
