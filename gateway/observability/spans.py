@@ -69,7 +69,11 @@ _GATEWAY = "gateway."
 # few hundred bytes, and a 4 MB model name must not become a 4 MB span (which the encoder would
 # keep in its caches and a collector would refuse with the whole batch).
 MAX_TEXT = 256
-_FAILED_OUTCOMES = frozenset(("http_5xx", "connect_error", "timeout", "abandoned", "bad_answer"))
+# An attempt's outcomes that are the replica's (or the gateway's) failure: the span's status is
+# ERROR and error.type the outcome. A 4xx is the caller's or the account's: not the attempt's.
+_FAILED_OUTCOMES = frozenset(("http_5xx", "connect_error", "timeout", "bad_status", "rejected_key",
+                              "bad_answer", "idle_timeout", "answer_broken", "stream_error",
+                              "abandoned"))  # fmt: skip
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _time_ns = time.time_ns
@@ -360,8 +364,14 @@ class AttemptSpan:
             self.chunk_ns = _time_ns()
 
     def end(self, outcome: str, status: int | None = None) -> None:
-        """``outcome``: ok | won | lost | cancelled | http_4xx | http_5xx | connect_error | timeout
-        | bad_answer (a stream request's 200 that is neither SSE nor JSON) | abandoned (left open by its owner, released at the request's end: a gateway bug)."""
+        """``outcome`` (as ``llm_gateway_upstream_attempts_total`` counts it, won as ok):
+        ok | won (a hedged request's answer) | lost (a losing hedge, an escalated cascade's small
+        answer) | cancelled (before its headers) | incomplete (ended by the client or a limit
+        of ours) | http_4xx | http_429 | before its headers: http_5xx | connect_error | timeout
+        | bad_status | rejected_key | bad_answer (also: a 200 that is no answer, read later) |
+        after them: idle_timeout | answer_broken (the connection broke, or the stream ended
+        before its end) | stream_error (the upstream's error event) | abandoned (left open by
+        its owner, released at the request's end: a gateway bug)."""
         if self.request is None or self.end_ns is not None:
             return
         self.end_ns = _time_ns()

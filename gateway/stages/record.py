@@ -109,12 +109,13 @@ class Outcome:
     """``with orchestrator.outcome(call) as done``: a plain context manager (its exit does no
     I/O), so no generator or coroutine is made for it on every request."""
 
-    __slots__ = ("call", "slo", "status")
+    __slots__ = ("call", "failed_as", "slo", "status")
 
     def __init__(self, call: Call, slo: SloTracker) -> None:
         self.call = call
         self.slo = slo
         self.status = 500
+        self.failed_as: str | None = None  # how the replica failed an answer already begun
 
     def __enter__(self) -> Callable[[Relayed], web.StreamResponse]:
         return self.done
@@ -122,6 +123,9 @@ class Outcome:
     def done(self, served: Relayed) -> web.StreamResponse:
         self.status = served.result.status
         self.call.request[STATUS_KEY] = self.status
+        attempt = served.attempt
+        if attempt is not None and attempt.failure is not None:
+            self.failed_as = attempt.failed_as
         return served.response
 
     def __exit__(
@@ -139,8 +143,11 @@ class Outcome:
             if transport is None or transport.is_closing():
                 self.status = 499
         status = self.status
-        if status >= 500 and status != 499 and STATUS_KEY not in call.request:
-            self.slo.observe(call.plan.name, RequestTiming(ms_since(call.started), ok=False))
+        if status >= 500 and status != 499:
+            if STATUS_KEY not in call.request:
+                self.slo.observe(call.plan.name, RequestTiming(ms_since(call.started), ok=False))
+            elif error_type is None:  # answered, then failed (a stream cut): say how
+                error_type = self.failed_as or str(status)
         call.span.end(status, error_type)
 
 
