@@ -25,8 +25,9 @@ Batches: the thread wakes every ``schedule_s`` (or as soon as ``batch_size`` spa
 and sends up to ``batch_size`` spans per request (``Exporter`` delivers any batch function: OTLP
 here, or a caller's OpenTelemetry SDK exporter in ``gateway.observability.tracing``, which gets
 the records themselves). At most ``max_queue`` spans wait, encoded or not; beyond that spans are
-dropped and counted (``dropped``). A failed send is retried once after ``retry_s``; then the
-batch is dropped and counted.
+dropped and counted (``dropped``; a warning is logged when the queue fills). A failed send is
+retried once after ``retry_s``; then the batch is dropped and counted. The counts are exported
+as ``llm_gateway_trace_spans_dropped_total`` (``tracing.SpanDropCollector``).
 """
 
 from __future__ import annotations
@@ -497,8 +498,9 @@ class Exporter:
         self._idle = threading.Condition()
         self._in_flight = 0
         self._stopping = False
-        self.dropped = 0
+        self.dropped = 0  # full queue, failed encoding, failed send (read by /metrics)
         self.exported = 0
+        self._full = False
         self._thread = threading.Thread(target=self._run, name="otlp-export", daemon=True)
         self._thread.start()
 
@@ -514,7 +516,14 @@ class Exporter:
         records = self._records
         if len(records) + len(self._queue) >= self._max_queue:
             self.dropped += 1
+            if not self._full:  # told once per spell of a full queue, not once per span
+                self._full = True
+                log.warning(
+                    "the trace export queue is full (%d spans): spans are dropped and counted in"
+                    " llm_gateway_trace_spans_dropped_total", self._max_queue,
+                )  # fmt: skip
             return
+        self._full = False
         if self._prepare is None:
             self._ready(record)
             return
@@ -623,6 +632,11 @@ class Exporter:
                 self._wake.set()
                 self._idle.wait(min(left, 0.05))
         return True
+
+    @property
+    def stopped(self) -> bool:
+        """Its thread has ended (``shutdown``): ``dropped`` will not change again."""
+        return not self._thread.is_alive()
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         self._stopping = True

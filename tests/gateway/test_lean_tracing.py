@@ -28,6 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.fake_upstream import site_port
 from gateway.observability.otlp import (
@@ -39,7 +40,7 @@ from gateway.observability.otlp import (
     lazy,
 )
 from gateway.observability.spans import MAX_TEXT, NOOP_REQUEST, Tracer, parse_traceparent
-from gateway.observability.tracing import Telemetry, body_attributes
+from gateway.observability.tracing import SpanDropCollector, Telemetry, body_attributes
 from tests.conftest import FakeFactory, GatewayFactory, pool_policy
 from tests.gateway.observability.hedged_request import (
     CALLER_SPAN,
@@ -589,3 +590,55 @@ async def test_the_request_path_records_content_only_when_opted_in(
         assert json.loads(got["gen_ai.input.messages"])[-1] == messages[0]
         (output,) = json.loads(got["gen_ai.output.messages"])
         assert output == {"role": "assistant", "content": text, "finish_reason": "stop"}
+
+
+def _dropped_total(text: str) -> float:
+    (value,) = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "llm_gateway_trace_spans_dropped"
+        for sample in family.samples
+    ]
+    return value
+
+
+async def test_dropped_spans_are_counted_in_metrics_and_told_once(
+    make_gateway: GatewayFactory, make_fake: FakeFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = await make_fake()
+    exporter = Exporter(lambda spans: None, max_queue=2, schedule_s=60.0)
+    gw = await make_gateway(
+        pool_policy([fake.url]), telemetry=Telemetry(exporter, exporter=exporter)
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(4):  # two spans each (the request's, the attempt's): the queue holds two
+            async with session.post(gw.base_url + "/chat/completions", json=body) as r:
+                assert r.status == 200
+        async with session.get(gw.root + "/metrics") as r:
+            dropped = _dropped_total(await r.text())
+    assert dropped == exporter.dropped == 6
+    told = [r for r in caplog.records if "trace export queue is full" in r.getMessage()]
+    assert len(told) == 1
+
+
+def test_dropped_spans_never_go_back_when_a_reload_replaces_the_export() -> None:
+    def telemetry() -> Telemetry:
+        exporter = Exporter(lambda spans: None, max_queue=1, schedule_s=60.0)
+        return Telemetry(exporter, exporter=exporter)
+
+    def collected() -> float:
+        (family,) = collector.collect()
+        return float(family.samples[0].value)
+
+    current = [telemetry()]
+    collector = SpanDropCollector(lambda: current[0])
+    for _ in range(3):
+        _request(current[0], {}, 200)  # six spans, a queue of one: five dropped
+    assert collected() == 5
+    old, current[0] = current[0], telemetry()  # a reload with other telemetry settings
+    _request(current[0], {}, 200)
+    assert collected() == 6
+    old.shutdown()
+    assert collected() == 6  # the stopped exporter's count is kept, not read again
+    assert collected() == 6
