@@ -22,7 +22,7 @@ from gateway.live import LivePolicy, budgets
 from gateway.middleware import cors_middleware, cors_on_prepare, gateway_middleware
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import SloCollector, SloTracker
-from gateway.observability.tracing import Telemetry
+from gateway.observability.tracing import SpanDropCollector, Telemetry
 from gateway.observability.usage_metrics import LimiterCollector
 from gateway.orchestrator import Orchestrator
 from gateway.stages.cache import CacheCollector
@@ -59,6 +59,7 @@ def create_app(
     metrics.registry.register(SloCollector(lambda: slo))
     metrics.registry.register(CacheCollector(lambda: app[LIVE].current.cache))
     metrics.registry.register(LimiterCollector(lambda: app[LIVE].current.limiter))
+    metrics.registry.register(SpanDropCollector(lambda: app[LIVE].current.telemetry))
     app[METRICS] = metrics
     app[SLO] = slo
     app[ORCHESTRATOR] = Orchestrator(metrics, slo)

@@ -349,7 +349,9 @@ async def _limiter(policy: Policy, previous: Runtime | None, clock: Clock | None
         store = RedisLimitStore(config.redis_url, timeout_s=config.timeout_ms / 1000)
     else:
         store = MemoryStore()
-    limiter = Limiter(store, clock=clock)
+    # The counts go on from the replaced limiter's: /metrics totals never go back.
+    counts = None if previous is None else previous.limiter.counts
+    limiter = Limiter(store, clock=clock, counts=counts)
     _configure_limiter(limiter, config)
     await limiter.start()
     return limiter

@@ -95,7 +95,7 @@ class Usage:
         if not isinstance(usage, Mapping):
             return None
         output = usage.get("completion_tokens", usage.get("output_tokens", 0))
-        if not _count(output):
+        if not believed_count(output):
             return None
         if "prompt_tokens" in usage:
             return cls._with_cached(
@@ -110,7 +110,7 @@ class Usage:
         fresh = usage.get("input_tokens", 0)
         read = usage.get("cache_read_input_tokens") or 0
         written = usage.get("cache_creation_input_tokens") or 0
-        if not (_count(fresh) and _count(read) and _count(written)):
+        if not (believed_count(fresh) and believed_count(read) and believed_count(written)):
             return None
         return cls(input=fresh + read + written, cached_input=read, output=output)
 
@@ -118,15 +118,17 @@ class Usage:
     def _with_cached(
         cls, prompt: Any, usage: Mapping[str, Any], key: str, output: int
     ) -> Usage | None:
-        if not _count(prompt):
+        if not believed_count(prompt):
             return None
         details = usage.get(key)
         cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
-        cached = min(cached, prompt) if _count(cached) else 0
+        cached = min(cached, prompt) if believed_count(cached) else 0
         return cls(input=prompt, cached_input=cached, output=output)
 
 
-def _count(value: Any) -> TypeGuard[int]:
+def believed_count(value: Any) -> TypeGuard[int]:
+    """A token count an answer may report: an int in 0..``MAX_TOKENS`` (module comment); also
+    what a span shows."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS
 
 

@@ -78,6 +78,7 @@ class Ledger:
         now_ms: Callable[[], int | None],
         id_prefix: str,
         on_alert: Callable[[BudgetAlert], None] | None = None,
+        alert_counts: dict[tuple[str, str, str], int] | None = None,  # kept across limiters
     ) -> None:
         self.store = store
         self.keys = keys
@@ -95,7 +96,8 @@ class Ledger:
         self.lost_records = 0
         self.uncertain_merged = 0
         self.alerts_fired = 0
-        self.alert_counts: dict[tuple[str, str, str], int] = {}  # (tenant, window, fraction)
+        # (tenant, window, fraction) -> alerts fired
+        self.alert_counts = {} if alert_counts is None else alert_counts
         self.on_success: Callable[[], None] = lambda: None
 
     @property

@@ -16,8 +16,9 @@ leases it holds every third of that, so a crashed instance's slots come back wit
 
 The store unavailable (Redis down): ``fail_open`` admits without limits (the budget is not
 checked either), otherwise requests are refused (``reason="unavailable"``). Either way each
-such decision is counted (``unavailable``) and one warning is logged per outage; usage that
-could not be written is kept and written once the store answers (``gateway.limits.ledger``).
+such decision is counted (``counts.unavailable``, by the direction it took) and one warning is
+logged per outage; usage that could not be written is kept and written once the store answers
+(``gateway.limits.ledger``).
 """
 
 from __future__ import annotations
@@ -84,6 +85,16 @@ class Admission:
         return rate_headers(self.requests, self.tokens)
 
 
+@dataclass(slots=True)
+class LimitCounts:
+    """What limiters counted in this process, handed from a limiter to the one a reload builds
+    for a new store, so ``/metrics`` never sees a total go back."""
+
+    granted: int = 0  # requests admitted from a grant
+    unavailable: dict[str, int] = field(default_factory=dict)  # direction (open, closed) -> n
+    alerts: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (tenant, window, %)
+
+
 class Limiter:
     def __init__(
         self,
@@ -96,13 +107,14 @@ class Limiter:
         on_alert: Callable[[BudgetAlert], None] | None = None,
         grant_requests: int = 0,  # 0: every request asks the store
         grant_ttl_s: float = 0.25,
+        counts: LimitCounts | None = None,  # a replaced limiter's, to count on from
     ) -> None:
         self.store = store
+        self.counts = LimitCounts() if counts is None else counts
         self._grants: dict[Subject, Grant] = {}
         self._grant_next: dict[Subject, int] = {}  # the grant the next check may take
         # A check taking a grant is in flight: the subject's other requests wait for it.
         self._granting: dict[Subject, asyncio.Event] = {}
-        self.granted = 0  # requests admitted from a grant
         self._costliest: dict[str, int] = {}  # tenant -> the costliest answer settled (pUSD)
         self.keys = keys or Keys()
         self._clock = clock
@@ -118,10 +130,10 @@ class Limiter:
         self._ids = itertools.count()
         self._lease_prefix = os.urandom(6).hex()
         self._outage = False
-        self.unavailable = 0  # decisions taken while the store was unavailable
         self.ledger = Ledger(
-            store, self.keys, self.now_s, self._now_ms, self._lease_prefix + "-s", on_alert
-        )
+            store, self.keys, self.now_s, self._now_ms, self._lease_prefix + "-s", on_alert,
+            self.counts.alerts,
+        )  # fmt: skip
         self.ledger.on_success = self._recovered
         # Redis may be gone: what grants hold is not admitted any more (a request then asks the
         # store, so an outage is met in the configured direction at once); given back if it can.
@@ -306,7 +318,7 @@ class Limiter:
 
     def _from_grant(self, subject: Subject, grant: Grant, tokens: int) -> Admission:
         reserved, lease = grant.draw(tokens)
-        self.granted += 1
+        self.counts.granted += 1
         if lease:
             self._leases[lease] = grant.slots
         seen = self.now_s()
@@ -424,8 +436,20 @@ class Limiter:
             {**headers, **retry_headers(result.wait_ms)},
         )
 
+    @property
+    def granted(self) -> int:
+        """Requests admitted from a grant."""
+        return self.counts.granted
+
+    @property
+    def unavailable(self) -> int:
+        """Decisions taken while the store was unavailable, either way."""
+        return sum(self.counts.unavailable.values())
+
     def _unavailable(self, subject: Subject) -> Admission:
-        self.unavailable += 1
+        # Labelled with the direction taken now: a reload may change limits_failure_mode.
+        unavailable, direction = self.counts.unavailable, "open" if self.fail_open else "closed"
+        unavailable[direction] = unavailable.get(direction, 0) + 1
         if not self._outage:
             self._outage = True
             direction = "admitting without limits" if self.fail_open else "refusing requests"

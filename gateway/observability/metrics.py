@@ -95,7 +95,9 @@ class GatewayMetrics:
         )
         self.attempts = LoopCounter(
             "llm_gateway_upstream_attempts",
-            "Upstream attempts by outcome (ok, connect_error, http_5xx, http_4xx, timeout)",
+            "Upstream attempts by outcome, counted when each ends (ok, lost, incomplete, "
+            "http_4xx, http_429, http_5xx, connect_error, timeout, bad_status, rejected_key, "
+            "bad_answer, idle_timeout, answer_broken, stream_error, abandoned)",
             ["backend", "replica", "outcome"],
             registry=self.registry,
         )

@@ -25,8 +25,9 @@ Batches: the thread wakes every ``schedule_s`` (or as soon as ``batch_size`` spa
 and sends up to ``batch_size`` spans per request (``Exporter`` delivers any batch function: OTLP
 here, or a caller's OpenTelemetry SDK exporter in ``gateway.observability.tracing``, which gets
 the records themselves). At most ``max_queue`` spans wait, encoded or not; beyond that spans are
-dropped and counted (``dropped``). A failed send is retried once after ``retry_s``; then the
-batch is dropped and counted.
+dropped and counted (``dropped``; a warning is logged when the queue fills). A failed send is
+retried once after ``retry_s``; then the batch is dropped and counted. The counts are exported
+as ``llm_gateway_trace_spans_dropped_total`` (``tracing.SpanDropCollector``).
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ def lazy(name: str, make: Callable[[Any], Mapping[str, Any]]) -> None:
 KIND_INTERNAL, KIND_SERVER, KIND_CLIENT = 1, 2, 3
 STATUS_UNSET, STATUS_ERROR = 0, 2
 _CACHE_MAX = 8192
+# What a cache keeps is bounded in bytes too, not only in entries: a string longer than this
+# (characters), or a group or array whose encoding is longer (bytes), is encoded each time and
+# never kept, so one odd span (a caller's 4 MB model name) cannot pin memory in 8192 entries.
+_KEEP_MAX = 512
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CHUNK = 32  # records encoded by one loop callback...
@@ -132,6 +137,8 @@ def _kept_field(cache: dict[str, bytes], number: int, text: str) -> bytes:
     """``text`` as the string field ``number``, kept in ``cache`` (cleared when full)."""
     encoded = cache.get(text)
     if encoded is None:
+        if len(text) > _KEEP_MAX:
+            return _field(number, text.encode())
         if len(cache) >= _CACHE_MAX:
             cache.clear()
         encoded = cache[text] = _field(number, text.encode())
@@ -162,9 +169,10 @@ class Encoder:
     replica...) is kept whole, per (prefix, keys, values), so it costs one lookup; a
     ``CONSTANT`` group is kept by identity; a ``LAZY`` group and events (ids, token counts,
     timings: new each time) are written attribute by attribute. Caches are bounded (cleared
-    when full). A group's entry carries its keys: a span whose groups share no key (the usual
-    case) is the concatenation of its groups' bytes; one where a key is set twice is merged
-    first (later groups win, a key is sent once).
+    when full at 8192 entries; an entry over ``_KEEP_MAX`` is never kept). A group's entry
+    carries its keys: a span whose groups share no key (the usual case) is the concatenation of
+    its groups' bytes; one where a key is set twice is merged first (later groups win, a key is
+    sent once).
     """
 
     def __init__(self, resource: Mapping[str, Any], scope: str = "llm_gateway") -> None:
@@ -187,6 +195,8 @@ class Encoder:
         if encoded is None:
             any_value = _any_value(items)
             encoded = b"\x12" + _varint(len(any_value)) + any_value
+            if len(encoded) > _KEEP_MAX:
+                return encoded
             if len(self._arrays) >= _CACHE_MAX:
                 self._arrays.clear()
             self._arrays[items] = encoded
@@ -240,6 +250,8 @@ class Encoder:
             return self._encode(tag, prefix, attrs)
         if group is None:
             group = self._encode(tag, prefix, attrs)
+            if len(group[0]) > _KEEP_MAX:
+                return group
             if len(self._groups) >= _CACHE_MAX:
                 self._groups.clear()
             self._groups[key] = group
@@ -486,8 +498,9 @@ class Exporter:
         self._idle = threading.Condition()
         self._in_flight = 0
         self._stopping = False
-        self.dropped = 0
+        self.dropped = 0  # full queue, failed encoding, failed send (read by /metrics)
         self.exported = 0
+        self._full = False
         self._thread = threading.Thread(target=self._run, name="otlp-export", daemon=True)
         self._thread.start()
 
@@ -503,7 +516,14 @@ class Exporter:
         records = self._records
         if len(records) + len(self._queue) >= self._max_queue:
             self.dropped += 1
+            if not self._full:  # told once per spell of a full queue, not once per span
+                self._full = True
+                log.warning(
+                    "the trace export queue is full (%d spans): spans are dropped and counted in"
+                    " llm_gateway_trace_spans_dropped_total", self._max_queue,
+                )  # fmt: skip
             return
+        self._full = False
         if self._prepare is None:
             self._ready(record)
             return
@@ -612,6 +632,11 @@ class Exporter:
                 self._wake.set()
                 self._idle.wait(min(left, 0.05))
         return True
+
+    @property
+    def stopped(self) -> bool:
+        """Its thread has ended (``shutdown``): ``dropped`` will not change again."""
+        return not self._thread.is_alive()
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         self._stopping = True

@@ -65,7 +65,15 @@ _REQUEST_PARAMS = {
     "stream": "gen_ai.request.stream",
 }
 _GATEWAY = "gateway."
-_FAILED_OUTCOMES = frozenset(("http_5xx", "connect_error", "timeout", "abandoned", "bad_answer"))
+# A caller's (or an upstream's) string in a span is cut to this many characters: a span is a
+# few hundred bytes, and a 4 MB model name must not become a 4 MB span (which the encoder would
+# keep in its caches and a collector would refuse with the whole batch).
+MAX_TEXT = 256
+# An attempt's outcomes that are the replica's (or the gateway's) failure: the span's status is
+# ERROR and error.type the outcome. A 4xx is the caller's or the account's: not the attempt's.
+_FAILED_OUTCOMES = frozenset(("http_5xx", "connect_error", "timeout", "bad_status", "rejected_key",
+                              "bad_answer", "idle_timeout", "answer_broken", "stream_error",
+                              "abandoned"))  # fmt: skip
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _time_ns = time.time_ns
@@ -142,14 +150,17 @@ class Tracer:
             if not sampled:
                 return NOOP_REQUEST
             state = headers.get("tracestate", "")
-        attrs: dict[str, Any] = {OPERATION: operation, REQUEST_MODEL: request_model}
+        model = capped(request_model)
+        attrs: dict[str, Any] = {OPERATION: operation, REQUEST_MODEL: model}
         if body is not None:
             for field, name in _REQUEST_PARAMS.items():
                 value = body.get(field)
-                if isinstance(value, (bool, int, float, str)):
+                if isinstance(value, (bool, int, float)):
                     attrs[name] = value
-        return RequestSpan(self, operation, f"{operation} {request_model}", trace_id, parent_id,
-                           state, attrs)  # fmt: skip
+                elif isinstance(value, str):
+                    attrs[name] = capped(value)
+        return RequestSpan(self, operation, f"{operation} {model}", trace_id, parent_id, state,
+                           attrs)  # fmt: skip
 
     def take_failure_token(self) -> bool:
         """One failure trace from the bucket (refilled at ``failure_traces_per_s``)."""
@@ -264,9 +275,15 @@ class RequestSpan:
             if server_url is not None:
                 self.groups.append((CONSTANT, server_attributes(server_url)))
 
+    @property
+    def records_content(self) -> bool:
+        """Whether ``content`` keeps anything (the policy's ``telemetry.record_content``):
+        callers collect the answer's text only then."""
+        return self.recording and self.tracer is not None and self.tracer.record_content
+
     def content(self, input_messages_json: str | None, output_messages_json: str | None) -> None:
         """Prompt and completion (JSON, GenAI message shape): only when the policy opts in."""
-        if self.recording and self.tracer is not None and self.tracer.record_content:
+        if self.records_content:
             self.groups.append(
                 ("", {INPUT_MESSAGES: input_messages_json, OUTPUT_MESSAGES: output_messages_json})
             )
@@ -347,8 +364,14 @@ class AttemptSpan:
             self.chunk_ns = _time_ns()
 
     def end(self, outcome: str, status: int | None = None) -> None:
-        """``outcome``: ok | won | lost | cancelled | http_4xx | http_5xx | connect_error | timeout
-        | bad_answer (a stream request's 200 that is neither SSE nor JSON) | abandoned (left open by its owner, released at the request's end: a gateway bug)."""
+        """``outcome`` (as ``llm_gateway_upstream_attempts_total`` counts it, won as ok):
+        ok | won (a hedged request's answer) | lost (a losing hedge, an escalated cascade's small
+        answer) | cancelled (before its headers) | incomplete (ended by the client or a limit
+        of ours) | http_4xx | http_429 | before its headers: http_5xx | connect_error | timeout
+        | bad_status | rejected_key | bad_answer (also: a 200 that is no answer, read later) |
+        after them: idle_timeout | answer_broken (the connection broke, or the stream ended
+        before its end) | stream_error (the upstream's error event) | abandoned (left open by
+        its owner, released at the request's end: a gateway bug)."""
         if self.request is None or self.end_ns is not None:
             return
         self.end_ns = _time_ns()
@@ -386,10 +409,11 @@ class DeferredRequestSpan(RequestSpan):
         self.operation = operation
         self.recording = False
         self.keeps_decisions = True
-        self.name = f"{operation} {request_model}"
+        model = capped(request_model)
+        self.name = f"{operation} {model}"
         self.start_ns = _time_ns()
         self.trace_state = ""
-        self.groups = [("", {OPERATION: operation, REQUEST_MODEL: request_model})]
+        self.groups = [("", {OPERATION: operation, REQUEST_MODEL: model})]
         self.events = []
         self.ended = False
         self.attempts: list[AttemptSpan] = []
@@ -446,12 +470,17 @@ def response_attributes(
     finish_reasons: Sequence[str],
 ) -> dict[str, Any]:
     return {
-        RESPONSE_MODEL: model,
-        RESPONSE_ID: response_id,
+        RESPONSE_MODEL: None if model is None else capped(model),
+        RESPONSE_ID: None if response_id is None else capped(response_id),
         INPUT_TOKENS: input_tokens,
         OUTPUT_TOKENS: output_tokens,
         FINISH_REASONS: list(finish_reasons) or None,
     }
+
+
+def capped(text: str) -> str:
+    """``text`` cut to ``MAX_TEXT`` characters (a caller's model name, an upstream's id)."""
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT]
 
 
 @lru_cache(maxsize=1024)

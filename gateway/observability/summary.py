@@ -4,7 +4,8 @@ A non-streamed answer is one JSON document. A stream is read as the relay passes
 are split on blank lines (an event may straddle two reads), and only the events that can
 carry something new are parsed: the first (model, id), those with a non-null
 ``finish_reason``, and the usage chunk, so a long stream costs a substring search per event.
-Text is collected only when asked (the policy's ``record_content``).
+Text is collected only when asked (the policy's ``record_content``). A token count is taken
+only as the limits believe it (``gateway.limits.cost.believed_count``: 0..10**9).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.limits.cost import believed_count
 from gateway.protocol import upstream_json
 from gateway.protocol.sse import DONE, EventSplitter, payloads
 
@@ -40,10 +42,11 @@ class ResponseSummary:
         usage = obj.get("usage")
         if isinstance(usage, dict):
             self.usage = usage
-            if isinstance(usage.get("prompt_tokens"), int):
-                self.input_tokens = usage["prompt_tokens"]
-            if isinstance(usage.get("completion_tokens"), int):
-                self.output_tokens = usage["completion_tokens"]
+            # A count past belief (an upstream's bug) is not shown, as it is not charged.
+            if believed_count(prompt := usage.get("prompt_tokens")):
+                self.input_tokens = prompt
+            if believed_count(completion := usage.get("completion_tokens")):
+                self.output_tokens = completion
         choices = obj.get("choices")
         if not isinstance(choices, list):
             return
@@ -55,6 +58,14 @@ class ResponseSummary:
                 self.finish_reasons.append(reason)
             if collect_text:
                 self._text(choice)
+
+    def output_messages(self) -> str:
+        """The answer's text as ``gen_ai.output.messages`` (JSON; collected with
+        ``collect_text``): one assistant message, the choices' text joined."""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text)}
+        if self.finish_reasons:
+            message["finish_reason"] = self.finish_reasons[0]
+        return json.dumps([message], ensure_ascii=False)
 
     def _text(self, choice: dict[str, Any]) -> None:
         for part in (choice.get("message"), choice.get("delta")):

@@ -20,10 +20,13 @@ Spans, sampling and kept failure traces: see ``gateway.observability.spans``.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from gateway.observability.otlp import (
     KIND_CLIENT,
@@ -60,6 +63,7 @@ __all__ = [
     "DeferredRequestSpan",
     "ExportSettings",
     "RequestSpan",
+    "SpanDropCollector",
     "StageSpan",
     "Telemetry",
     "body_attributes",
@@ -202,6 +206,35 @@ class Telemetry(Tracer):
 
     def force_flush(self, timeout_ms: int = 5000) -> bool:
         return self.exporter.force_flush(timeout_ms / 1000) if self.exporter is not None else True
+
+
+class SpanDropCollector(Collector):
+    """``llm_gateway_trace_spans_dropped_total``: spans the export dropped (a full queue, a
+    failed send), read at scrape time from the running telemetry's exporter and from those a
+    reload replaced (until they stop, then as one number), so the total never goes back."""
+
+    def __init__(self, telemetry: Callable[[], Telemetry]) -> None:
+        self._telemetry = telemetry
+        self._retired = 0  # what stopped exporters dropped
+        self._replaced: list[Exporter] = []  # replaced, maybe still flushing
+        self._current: Exporter | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        exporter = self._telemetry().exporter
+        if exporter is not self._current:
+            if self._current is not None:
+                self._replaced.append(self._current)
+            self._current = exporter
+        for old in [e for e in self._replaced if e.stopped]:
+            self._retired += old.dropped
+            self._replaced.remove(old)
+        live = [e for e in (*self._replaced, self._current) if e is not None]
+        family = CounterMetricFamily(
+            "llm_gateway_trace_spans_dropped",
+            "Trace spans dropped by the export (its queue full, or a send that failed twice)",
+        )
+        family.add_metric([], self._retired + sum(e.dropped for e in live))
+        yield family
 
 
 class _Immediate:

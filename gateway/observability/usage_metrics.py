@@ -121,19 +121,21 @@ class LimiterCollector(Collector):
             "Budget alerts fired (each alert_at fraction once per window, across instances)",
             labels=["tenant", "window", "fraction"],
         )
-        for (tenant, window, fraction), count in limiter.ledger.alert_counts.items():
+        counts = limiter.counts  # carried across limiters (a reload's new store): never back
+        for (tenant, window, fraction), count in counts.alerts.items():
             alerts.add_metric([tenant, window, fraction], count)
         down = CounterMetricFamily(
             "llm_gateway_limits_unavailable",
             "Limit decisions taken while the limit store was unavailable",
             labels=["direction"],
         )
-        down.add_metric(["open" if limiter.fail_open else "closed"], limiter.unavailable)
+        for direction, count in limiter.counts.unavailable.items():
+            down.add_metric([direction], count)
         granted = CounterMetricFamily(
             "llm_gateway_limits_granted",
             "Limited requests admitted from a grant, without a round trip to the limit store",
         )
-        granted.add_metric([], limiter.granted)
+        granted.add_metric([], counts.granted)
         yield alerts
         yield down
         yield granted

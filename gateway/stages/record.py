@@ -3,16 +3,20 @@ request's span; and the outcome of a request however it ends (``Recorder.outcome
 
 A stream is read as it goes by the ``Watch`` the relay feeds (the span's summary, the cache's
 capture); a whole answer traced is summarised when its span is encoded (after the answer went
-out, with a chunk of other spans) when it is small (``LAZY_BODY_MAX``), here otherwise.
+out, with a chunk of other spans) when it is small (``LAZY_BODY_MAX``), here otherwise. With
+the policy's ``telemetry.record_content`` the span also gets the prompt and the answer's text
+(the stream's summary collects it; a whole answer is read here).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from aiohttp import web
 
@@ -59,13 +63,19 @@ class Recorder:
         itl_ms = result.mean_gap_ms()
         if itl_ms is not None:
             call.rt.latency.observe_itl(key, itl_ms)
+        summary: ResponseSummary | None = None
         if result.body is not None and span.recording:
-            if len(result.body) <= LAZY_BODY_MAX:  # parsed when the span is encoded
+            content = span.records_content  # the text is read now, with the rest
+            if len(result.body) <= LAZY_BODY_MAX and not content:  # parsed when encoded
                 span.response_later(body_attributes(result.body), key)
             else:  # the export queue must not hold large answers
-                _span_response(span, summarize_body(result.body), key)
+                summary = summarize_body(result.body, content)
+                _span_response(span, summary, key)
         elif served.watch.summary is not None:
-            _span_response(span, served.watch.summary.summary, key)
+            summary = served.watch.summary.summary
+            _span_response(span, summary, key)
+        if summary is not None and span.records_content:  # the policy's record_content
+            span.content(input_messages(call.parsed.body), summary.output_messages())
         if result.deadline_hit:
             self.metrics.deadlines.labels(plan.name).inc()
         if span.keeps_decisions:
@@ -99,12 +109,13 @@ class Outcome:
     """``with orchestrator.outcome(call) as done``: a plain context manager (its exit does no
     I/O), so no generator or coroutine is made for it on every request."""
 
-    __slots__ = ("call", "slo", "status")
+    __slots__ = ("call", "failed_as", "slo", "status")
 
     def __init__(self, call: Call, slo: SloTracker) -> None:
         self.call = call
         self.slo = slo
         self.status = 500
+        self.failed_as: str | None = None  # how the replica failed an answer already begun
 
     def __enter__(self) -> Callable[[Relayed], web.StreamResponse]:
         return self.done
@@ -112,6 +123,9 @@ class Outcome:
     def done(self, served: Relayed) -> web.StreamResponse:
         self.status = served.result.status
         self.call.request[STATUS_KEY] = self.status
+        attempt = served.attempt
+        if attempt is not None and attempt.failure is not None:
+            self.failed_as = attempt.failed_as
         return served.response
 
     def __exit__(
@@ -129,8 +143,11 @@ class Outcome:
             if transport is None or transport.is_closing():
                 self.status = 499
         status = self.status
-        if status >= 500 and status != 499 and STATUS_KEY not in call.request:
-            self.slo.observe(call.plan.name, RequestTiming(ms_since(call.started), ok=False))
+        if status >= 500 and status != 499:
+            if STATUS_KEY not in call.request:
+                self.slo.observe(call.plan.name, RequestTiming(ms_since(call.started), ok=False))
+            elif error_type is None:  # answered, then failed (a stream cut): say how
+                error_type = self.failed_as or str(status)
         call.span.end(status, error_type)
 
 
@@ -146,7 +163,7 @@ class Watch:
         if not call.parsed.stream:
             return cls()
         return cls(
-            StreamSummarizer() if call.span.recording else None,
+            StreamSummarizer(call.span.records_content) if call.span.recording else None,
             StreamCapture() if lookup.fills else None,
         )
 
@@ -169,6 +186,19 @@ def _span_response(span: RequestSpan, summary: ResponseSummary, server_url: str)
         finish_reasons=summary.finish_reasons,
         server_url=server_url,
     )
+
+
+def input_messages(body: Mapping[str, Any]) -> str | None:
+    """The request's prompt as ``gen_ai.input.messages`` (JSON): a chat request's messages as
+    the caller sent them (a dialect's, translated to chat), else its prompt or input as one
+    user message."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return json.dumps(messages, ensure_ascii=False)
+    for field in ("prompt", "input"):
+        if body.get(field) is not None:
+            return json.dumps([{"role": "user", "content": body[field]}], ensure_ascii=False)
+    return None
 
 
 def ms_since(started: float) -> float:

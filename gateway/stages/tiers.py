@@ -208,7 +208,8 @@ async def _read_all(attempt: Attempt, deadline: float | None, max_bytes: int) ->
     if not isinstance(data, dict):
         why = f"the small tier answered {status}"
         if status == 200:
-            attempt.failure = why = "the small tier's answer is not a JSON object"
+            why = "the small tier's answer is not a JSON object"
+            attempt.fail("bad_answer", why)
         attempt.finish(False)
         raise UpstreamError(why, code="tier_failed")
     return body, data
@@ -326,23 +327,23 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
     except TimeoutError as exc:
         if not window.expired():  # aiohttp's read timer: idle_s between reads (not the clocks:
             # uvloop may fire the deadline's timer a little before perf_counter reaches it)
-            attempt.failure = "the stream stopped coming (idle_s)"
+            attempt.fail("idle_timeout", "the stream stopped coming (idle_s)")
             _failed(attempt)
             raise UpstreamTimeout("the small tier stopped sending", code="tier_failed") from exc
         # the deadline passed while holding: the small answer is kept, the relay ends it at once
     except aiohttp.ClientError as exc:  # a broken connection, or the stream's error event
-        attempt.failure = "the connection broke during the stream"
+        attempt.fail("answer_broken", "the connection broke during the stream")
         _failed(attempt)
         raise UpstreamError("the small tier's stream broke off", code="tier_failed") from exc
     except EventTooLong as exc:
-        attempt.failure = "an SSE event that never ended"
+        attempt.fail("bad_answer", "an SSE event that never ended")
         _failed(attempt)
         raise UpstreamError(f"the small tier's stream sent {exc}", code="tier_failed") from exc
     except BaseException:
         await attempt.discard()
         raise
     if ended and not done:  # no end of stream: cut short, or not a stream at all
-        attempt.failure = "a stream that ended early"
+        attempt.fail("answer_broken", "a stream that ended early")
         _failed(attempt)
         raise UpstreamError("the small tier's stream ended early", code="tier_failed")
     attempt.first = b"".join(held)

@@ -73,8 +73,18 @@ class Attempt:
     finished: bool = False
     capped: bool = False  # the gateway lowered max_tokens (cap_output): not the client's answer
     # Set by whoever reads the answer when the replica failed it after its headers (a broken or
-    # silent stream, an unreadable body): ``finish`` counts it against the replica's health.
+    # silent stream, an unreadable body; ``fail``): ``finish`` counts it against the replica's
+    # health, and it is the attempt's outcome (``failed_as``).
     failure: str | None = None
+    failed_as: str = ""
+    metrics: GatewayMetrics | None = None  # counts the attempt's outcome when it ends
+
+    def fail(self, outcome: str, why: str) -> None:
+        """The replica failed the answer after its headers: ``outcome`` (idle_timeout,
+        answer_broken, stream_error, bad_answer) is the attempt's span outcome and metric label,
+        ``why`` the health record's reason."""
+        self.failure = why
+        self.failed_as = outcome
 
     @property
     def total_deadline(self) -> float:
@@ -94,7 +104,7 @@ class Attempt:
                 replica.record_failure(self.failure, self.target.upstream_model)
             elif ok:
                 replica.record_success(self.target.upstream_model)
-            self.span.end("won" if self.hedged and ok else ("ok" if ok else "error"))
+            self._end(self._outcome(ok))
 
     def abandon(self) -> str | None:
         """The request ended with this attempt still open (``gateway.call.Leases``): close and
@@ -109,12 +119,34 @@ class Attempt:
         self._close("lost")
 
     def _close(self, outcome: str) -> None:
-        """Close the connection; release the load and end the span ``outcome`` unless done."""
+        """Close the connection; release the load and end the span ``outcome`` (a status the
+        upstream refused with wins) unless done."""
         self.response.close()
         if not self.finished:
             self.finished = True
             self.guard.release()
-            self.span.end(outcome)
+            self._end(outcome if self.response.status < 400 else self._outcome(False))
+
+    def _outcome(self, ok: bool) -> str:
+        """What became of the attempt, as its span and ``llm_gateway_upstream_attempts_total``
+        say it: the replica's failure, else the status it refused with, else ok (won, for a
+        hedged request), else incomplete (the client left, a time or size limit of ours)."""
+        if self.failure is not None:
+            return self.failed_as
+        status = self.response.status
+        if status >= 400:
+            return "http_429" if status == 429 else ("http_5xx" if status >= 500 else "http_4xx")
+        if ok:
+            return "won" if self.hedged else "ok"
+        return "incomplete"
+
+    def _end(self, outcome: str) -> None:
+        """Counted when the attempt ends (not when its headers came: a stream that breaks
+        after them is the replica's failure, as its health counts it)."""
+        self.span.end(outcome, self.response.status)
+        if self.metrics is not None:
+            backend, replica = self.target.pool.name, self.decision.replica.name
+            self.metrics.attempt(backend, replica, "ok" if outcome == "won" else outcome)
 
 
 class AttemptOpener:
@@ -340,6 +372,7 @@ class AttemptOpener:
                 _check_streams(response, replica)
             attempt = Attempt(target, decision, response, guard, span, timeouts, opened_at)
             attempt.capped = capped
+            attempt.metrics = self.metrics
             if read_first and response.status == 200:
                 attempt.first = await _first_chunk(response, replica, first_byte_s)
                 attempt.first_at = time.perf_counter()
@@ -348,7 +381,7 @@ class AttemptOpener:
             if response is not None:
                 response.close()
             guard.release()
-            span.end(exc.outcome)
+            span.end(exc.outcome, None if response is None else response.status)
             self.metrics.attempt(pool.name, replica.name, exc.outcome)
             # A refused key, or a time-out the caller's deadline set, says nothing of its health.
             if exc.outcome != "rejected_key" and not (ours and exc.outcome == "timeout"):
@@ -361,12 +394,8 @@ class AttemptOpener:
             guard.release()
             span.end("cancelled")
             raise
-        outcome = "ok" if response.status < 400 else "http_4xx"
-        self.metrics.attempt(
-            pool.name, replica.name, "http_429" if response.status == 429 else outcome
-        )
         # A 4xx, a 429 included, is the request's or the account's, never the replica's failure;
-        # success is recorded when the answer is complete (``Attempt.finish``).
+        # success is recorded, and the attempt counted, when the answer ends (``Attempt.finish``).
         call.leases.add(attempt)  # open: its owner finishes it (else the request's end does)
         return attempt
 

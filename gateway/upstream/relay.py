@@ -238,7 +238,7 @@ async def read_whole(attempt: Attempt, deadline: float | None, max_bytes: int) -
         # Which timer fired: the limit's own (uvloop may fire it a little before perf_counter
         # reaches the limit, so the clocks are not compared), else the reads' idle_s.
         if window is None or not window.expired():  # the upstream went silent between reads
-            attempt.failure = "the answer stopped coming (idle_s)"
+            attempt.fail("idle_timeout", "the answer stopped coming (idle_s)")
             raise UpstreamTimeout(
                 "the upstream stopped sending its answer (the backend's timeouts.idle_s)",
                 code="idle_timeout",
@@ -249,13 +249,13 @@ async def read_whole(attempt: Attempt, deadline: float | None, max_bytes: int) -
         ) from exc
     except aiohttp.ClientError as exc:
         upstream.close()
-        attempt.failure = "the connection broke during the answer"
+        attempt.fail("answer_broken", "the connection broke during the answer")
         raise UpstreamError(
             "the upstream connection broke while sending the answer", code="bad_gateway"
         ) from exc
     except ValueError as exc:  # a translated answer (another API's) that does not parse
         upstream.close()
-        attempt.failure = "an unreadable answer"
+        attempt.fail("bad_answer", "an unreadable answer")
         raise UpstreamError("the upstream's answer could not be read", code="bad_gateway") from exc
     except BaseException:  # the client left (cancelled) mid-read: the replica must see it too
         upstream.close()
@@ -266,7 +266,7 @@ async def read_whole(attempt: Attempt, deadline: float | None, max_bytes: int) -
     if upstream.status == 200 and not _json_object(body, upstream.headers):
         # An HTML error page from a proxy, or a body cut short: not an answer.
         log.warning("an upstream answered 200 with a body that is not a JSON object")
-        attempt.failure = "an answer that is not JSON"
+        attempt.fail("bad_answer", "an answer that is not JSON")
         raise UpstreamError(
             "the upstream answered 200 with a body that is not a JSON answer", code="bad_gateway"
         )
@@ -328,7 +328,7 @@ async def _answer_as_stream(request: web.Request, attempt: Attempt, plan: RelayP
         readable = False
     if not readable:
         log.warning("an upstream answered a stream request with JSON that is not an answer")
-        attempt.failure = "a stream request answered with JSON that is no answer"
+        attempt.fail("bad_answer", "a stream request answered with JSON that is no answer")
         raise UpstreamError(
             "the upstream answered a stream request with JSON that is not an answer",
             code="bad_gateway",
@@ -386,26 +386,26 @@ async def _relay_stream(
             await out.write(rest)
         if out.failed:
             result.status = 502  # the upstream told of its failure, and the client read it
-            attempt.failure = "an error in the stream"
+            attempt.fail("stream_error", "an error in the stream")
         elif not out.complete:
             result.status = 502
-            attempt.failure = "a stream that ended early"
+            attempt.fail("answer_broken", "a stream that ended early")
             await out.error(f"the upstream stream ended before {out.end_name}")
     except EventTooLong as exc:  # an event that never ends: memory held, nothing for the client
         result.status = 502
-        attempt.failure = "an SSE event that never ended"
+        attempt.fail("bad_answer", "an SSE event that never ended")
         await out.error(f"the upstream stream sent {exc}")
     except UpstreamStreamError as exc:  # the upstream said why (e.g. Anthropic's error event)
         result.status = 502
-        attempt.failure = "an error in the stream"
+        attempt.fail("stream_error", "an error in the stream")
         await out.error(str(exc))
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
         result.status = 502
-        attempt.failure = "the connection broke during the stream"
+        attempt.fail("answer_broken", "the connection broke during the stream")
         await out.error("the upstream connection broke during the stream")
     except TimeoutError:
         result.status = 504
-        attempt.failure = "the stream stopped coming (idle_s)"
+        attempt.fail("idle_timeout", "the stream stopped coming (idle_s)")
         await out.error(
             "the upstream stopped sending (the backend's timeouts.idle_s)", "timeout_error", 504,
             "idle_timeout",

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 
 from tests.cache.conftest import RedisServer
-from tests.conftest import FakeFactory, GatewayFactory, RunningGateway
+from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, closed_port_url
 from tests.e2e.limits_helpers import (
     CHEAP,
     PRICE,
@@ -353,3 +355,34 @@ async def test_downgrade_serves_the_alias_small_tier(
     assert headers["x-gateway-downgraded"] == "small" and "x-gateway-tier" not in headers
     assert headers["x-gateway-cost-usd"] == "0.00017"
     assert await metric([gw], "llm_gateway_budget_downgrades_total", tenant="team-a") == 1
+
+
+async def test_limit_counts_survive_reloads_with_the_direction_each_decision_took(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, clients: Clients, tmp_path: Path
+) -> None:
+    """A reload that changes ``limits_failure_mode`` keeps the decisions taken the other way
+    under their own direction; one that changes the store (a new limiter) keeps every count."""
+    fake = await make_fake()
+    path = tmp_path / "policy.yaml"
+    limits = {"limits": {"requests_per_minute": 1_000}}
+
+    async def serve_with(redis_url: str, mode: str, requests: int) -> None:
+        path.write_text(limits_policy(fake.url, redis_url, limits, failure_mode=mode))
+        async with aiohttp.ClientSession() as s, s.post(gw.root + "/admin/reload") as r:
+            assert r.status == 200, await r.text()
+        for _ in range(requests):
+            status, _, _ = await chat(user)
+            assert status == (200 if mode == "open" else 503)
+
+    down = "redis" + closed_port_url().removeprefix("http").removesuffix("/v1")  # nothing there
+    path.write_text(limits_policy(fake.url, down, limits))
+    gw = await make_gateway(path.read_text(), policy_path=path)
+    user = clients(gw)
+    await serve_with(down, "open", 2)
+    await serve_with(down, "closed", 1)  # the same store: the same limiter, told otherwise
+    assert await metric([gw], "llm_gateway_limits_unavailable_total", direction="open") == 2
+    assert await metric([gw], "llm_gateway_limits_unavailable_total", direction="closed") == 1
+    other = "redis" + closed_port_url().removeprefix("http").removesuffix("/v1")
+    await serve_with(other, "closed", 1)  # another store: a new limiter
+    assert await metric([gw], "llm_gateway_limits_unavailable_total", direction="open") == 2
+    assert await metric([gw], "llm_gateway_limits_unavailable_total", direction="closed") == 2

@@ -9,13 +9,16 @@ them.
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
 from typing import Any
 
+import aiohttp
 import grpc  # type: ignore[import-untyped]
 import pytest
 from aiohttp import web
@@ -25,6 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.fake_upstream import site_port
 from gateway.observability.otlp import (
@@ -35,8 +39,9 @@ from gateway.observability.otlp import (
     SpanRecord,
     lazy,
 )
-from gateway.observability.spans import NOOP_REQUEST, Tracer, parse_traceparent
-from gateway.observability.tracing import body_attributes
+from gateway.observability.spans import MAX_TEXT, NOOP_REQUEST, Tracer, parse_traceparent
+from gateway.observability.tracing import SpanDropCollector, Telemetry, body_attributes
+from tests.conftest import FakeFactory, GatewayFactory, pool_policy
 from tests.gateway.observability.hedged_request import (
     CALLER_SPAN,
     CALLER_TRACE,
@@ -485,3 +490,155 @@ def test_an_integer_past_int64_is_sent_as_text_not_as_a_corrupt_varint() -> None
     assert got["gateway.low"] == str(-(2**63) - 1)
     assert (got["gateway.top"], got["gateway.bottom"]) == (2**63 - 1, -(2**63))
     assert got["gateway.list"] == [1, str(2**64)]
+
+
+# --- through the app: the request path's spans, encoded and decoded as a collector would ----
+
+
+class AppTraces:
+    """The gateway's own exporter and encoder, delivering to a list of decoded spans."""
+
+    def __init__(self, record_content: bool = False) -> None:
+        self.encoder = Encoder({"service.name": "t"})
+        self.receiver = Receiver()
+        self.exporter = Exporter(self._deliver, prepare=self.encoder.span)
+        self.telemetry = Telemetry(
+            self.exporter, exporter=self.exporter, record_content=record_content
+        )
+
+    def _deliver(self, spans: list[bytes]) -> None:
+        self.receiver.bodies.append(self.encoder.request(spans))
+
+    async def spans(self) -> list[Span]:
+        assert await asyncio.to_thread(self.exporter.force_flush, 10.0)
+        return self.receiver.spans()
+
+
+def _retained(obj: Any, seen: set[int]) -> int:
+    """Bytes held by ``obj`` and what it holds (dicts, tuples, lists, sets; each object once)."""
+    if id(obj) in seen or isinstance(obj, type):
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        size += sum(_retained(k, seen) + _retained(v, seen) for k, v in obj.items())
+    elif isinstance(obj, (tuple, list, frozenset, set)):
+        size += sum(_retained(v, seen) for v in obj)
+    return size
+
+
+async def test_a_huge_model_name_makes_a_small_span_that_is_not_kept(
+    make_gateway: GatewayFactory, make_fake: FakeFactory
+) -> None:
+    """A caller's model name of a megabyte (an unknown model: 404) is cut in the span's name and
+    attributes, and nothing of it stays in the encoder's caches."""
+    fake = await make_fake()
+    traces = AppTraces()
+    gw = await make_gateway(pool_policy([fake.url]), telemetry=traces.telemetry)
+    async with aiohttp.ClientSession() as session:
+        for i in range(8):
+            model = f"{i}" + "x" * 2**20
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+            async with session.post(gw.base_url + "/chat/completions", json=body) as r:
+                assert r.status == 404
+    spans = await traces.spans()
+    assert len(spans) == 8
+    for span in spans:
+        model = attrs(span)["gen_ai.request.model"]
+        assert len(model) == MAX_TEXT and model.endswith("x")
+        assert span.name == "chat " + model
+        assert span.ByteSize() < 2 * MAX_TEXT + 1024
+    assert _retained(vars(traces.encoder), set()) < 256 * 1024
+
+
+def test_the_encoders_caches_keep_no_large_strings() -> None:
+    """Whatever reaches the encoder (spans are cut before it), its caches stay small: a long
+    name, value or array is encoded each time and never kept."""
+    encoder = Encoder({"service.name": "t"})
+    for i in range(16):
+        big = f"{i}" + "y" * 2**18
+        groups = (("", {"model": big}), ("gateway.", {"tenant": big}), ("", {"list": [big]}))
+        encoder.span((1, 2, 0, big, 1, 0, 1, groups, ((0, big, None),), 0, "", ""))
+    assert _retained(vars(encoder), set()) < 64 * 1024
+
+
+@pytest.mark.parametrize("record_content", [True, False])
+async def test_the_request_path_records_content_only_when_opted_in(
+    make_gateway: GatewayFactory, make_fake: FakeFactory, record_content: bool
+) -> None:
+    """``telemetry.record_content`` puts the prompt and the answer's text on the request's span,
+    answered whole or streamed, in the chat API or another client API (Anthropic Messages)."""
+    fake = await make_fake(reply="the fake answer")
+    traces = AppTraces(record_content)
+    gw = await make_gateway(pool_policy([fake.url]), telemetry=traces.telemetry)
+    messages = [{"role": "user", "content": "a secret prompt"}]
+    async with aiohttp.ClientSession() as session:
+        for path in ("/chat/completions", "/messages"):
+            for stream in (False, True):
+                body = {"model": "m", "max_tokens": 16, "stream": stream, "messages": messages}
+                async with session.post(gw.base_url + path, json=body) as r:
+                    assert r.status == 200, await r.text()
+                    await r.read()
+    roots = [s for s in await traces.spans() if s.name == "chat m"]
+    assert len(roots) == 4
+    streamed = "tok0 tok1 tok2 tok3 "  # the fake streams one token a chunk
+    for root, text in zip(roots, ["the fake answer", streamed] * 2, strict=True):
+        got = attrs(root)
+        if not record_content:
+            assert "gen_ai.input.messages" not in got and "gen_ai.output.messages" not in got
+            continue
+        assert json.loads(got["gen_ai.input.messages"])[-1] == messages[0]
+        (output,) = json.loads(got["gen_ai.output.messages"])
+        assert output == {"role": "assistant", "content": text, "finish_reason": "stop"}
+
+
+def _dropped_total(text: str) -> float:
+    (value,) = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "llm_gateway_trace_spans_dropped"
+        for sample in family.samples
+    ]
+    return value
+
+
+async def test_dropped_spans_are_counted_in_metrics_and_told_once(
+    make_gateway: GatewayFactory, make_fake: FakeFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = await make_fake()
+    exporter = Exporter(lambda spans: None, max_queue=2, schedule_s=60.0)
+    gw = await make_gateway(
+        pool_policy([fake.url]), telemetry=Telemetry(exporter, exporter=exporter)
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(4):  # two spans each (the request's, the attempt's): the queue holds two
+            async with session.post(gw.base_url + "/chat/completions", json=body) as r:
+                assert r.status == 200
+        async with session.get(gw.root + "/metrics") as r:
+            dropped = _dropped_total(await r.text())
+    assert dropped == exporter.dropped == 6
+    told = [r for r in caplog.records if "trace export queue is full" in r.getMessage()]
+    assert len(told) == 1
+
+
+def test_dropped_spans_never_go_back_when_a_reload_replaces_the_export() -> None:
+    def telemetry() -> Telemetry:
+        exporter = Exporter(lambda spans: None, max_queue=1, schedule_s=60.0)
+        return Telemetry(exporter, exporter=exporter)
+
+    def collected() -> float:
+        (family,) = collector.collect()
+        return float(family.samples[0].value)
+
+    current = [telemetry()]
+    collector = SpanDropCollector(lambda: current[0])
+    for _ in range(3):
+        _request(current[0], {}, 200)  # six spans, a queue of one: five dropped
+    assert collected() == 5
+    old, current[0] = current[0], telemetry()  # a reload with other telemetry settings
+    _request(current[0], {}, 200)
+    assert collected() == 6
+    old.shutdown()
+    assert collected() == 6  # the stopped exporter's count is kept, not read again
+    assert collected() == 6

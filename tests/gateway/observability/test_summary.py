@@ -46,3 +46,18 @@ def test_summary_of_a_stream_split_anywhere() -> None:
         assert (s.model, s.response_id, s.input_tokens, s.output_tokens) == ("llama", "c2", 9, 2)
         assert s.finish_reasons == ["length"]
         assert "".join(s.text) == "ab"
+
+
+def test_token_counts_past_belief_are_not_shown() -> None:
+    """As the limits take them: 0..10**9 (``gateway.limits.cost.MAX_TOKENS``); beyond, or not
+    a count, the span shows none (the request is charged its estimate)."""
+    for bad in (10**12, 10**15, -5, True, 1.5):
+        body = {"model": "m", "usage": {"prompt_tokens": bad, "completion_tokens": bad}}
+        s = summarize_body(json.dumps(body).encode())
+        assert (s.input_tokens, s.output_tokens) == (None, None), bad
+        streamed = StreamSummarizer()
+        streamed.feed(sse({**body, "choices": []}))
+        assert streamed.summary.input_tokens is None, bad
+    body = {"usage": {"prompt_tokens": 10**9, "completion_tokens": 0}}
+    s = summarize_body(json.dumps(body).encode())
+    assert (s.input_tokens, s.output_tokens) == (10**9, 0)

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.errors import Unavailable, UpstreamError, UpstreamTimeout
 from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.tracing import Telemetry
 from gateway.upstream.attempts import AttemptOpener
-from tests.conftest import FakeFactory, build_policy, closed_port_url, vllm
+from policies.server import TelemetryConfig
+from tests.conftest import (
+    FakeFactory,
+    GatewayFactory,
+    build_policy,
+    closed_port_url,
+    pool_policy,
+    vllm,
+)
 from tests.gateway.conftest import RuntimeFactory, make_call
 
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -88,3 +101,58 @@ async def test_the_surface_deadline_shortens_the_wait_for_headers(
     )
     with pytest.raises(UpstreamTimeout):
         await opener().open(make_call(rt, BODY, surface="fast"), rt.targets("m"))
+
+
+@pytest.mark.parametrize(
+    ("action", "stream", "status", "outcome"),
+    [
+        ("ok", True, 200, "ok"),
+        ("midstream_drop", True, 200, "answer_broken"),  # 200 sent, then an error event
+        ("status:400", False, 400, "http_4xx"),
+        ("ratelimit:0.5", False, 429, "http_429"),
+    ],
+)
+async def test_an_attempts_outcome_is_one_truth_for_its_span_and_its_metric(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    action: str,
+    stream: bool,
+    status: int,
+    outcome: str,
+) -> None:
+    """Counted when the attempt ends, as its span says it: a stream that breaks after its
+    headers is the replica's failure (not ok), and the request's span says how it failed."""
+    up = await make_fake()
+    up.fake.queue(action)
+    exporter = InMemorySpanExporter()
+    config = TelemetryConfig(enabled=True, sample_ratio=1.0)
+    telemetry = Telemetry.from_config(config, {}, exporter=exporter, batch=False)
+    gw = await make_gateway(pool_policy([up.url]), telemetry=telemetry)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gw.base_url + "/chat/completions", json={**BODY, "stream": stream}) as r,
+    ):
+        assert r.status == status
+        await r.read()
+    counted = {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(gw.metrics.render().decode())
+        if family.name == "llm_gateway_upstream_attempts"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+    assert counted == {outcome: 1.0}
+    (attempt,) = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT]
+    (root,) = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]
+    got, root_attrs = dict(attempt.attributes or {}), dict(root.attributes or {})
+    assert got["gateway.attempt.outcome"] == outcome
+    assert got["http.response.status_code"] == status
+    if outcome == "answer_broken":
+        assert attempt.status.status_code is StatusCode.ERROR
+        assert got["error.type"] == "answer_broken"
+        assert root.status.status_code is StatusCode.ERROR
+        assert root.status.description == root_attrs["error.type"] == "answer_broken"
+        assert root_attrs["http.response.status_code"] == 502
+    else:
+        assert attempt.status.status_code is StatusCode.UNSET and "error.type" not in got
+        assert root.status.status_code is StatusCode.UNSET and "error.type" not in root_attrs
