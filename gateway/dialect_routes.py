@@ -5,7 +5,10 @@ the chat path (every backend, every stage) and relaying it untranslated (a backe
 the API itself: ``responses: passthrough``, or a ``kind: anthropic`` backend for Messages; not
 for tiered aliases, whose tiers are chosen on chat requests), then hands one ``Dialect`` to the
 orchestrator. Stored responses (``GET``/``DELETE /v1/responses/{id}``, ``input_items``) are read
-in the caller's tenant only. Messages errors leave in Anthropic's format and statuses.
+in the caller's tenant only. A passthrough's upstream keeps every tenant's responses under the
+gateway's one key: a ``previous_response_id`` is relayed only when the store records the
+response as the caller's (``ResponsesCall.ended`` records it), and is otherwise answered as an
+unknown id is. Messages errors leave in Anthropic's format and statuses.
 """
 
 from __future__ import annotations
@@ -102,8 +105,16 @@ async def _create_response(request: web.Request) -> web.StreamResponse:
     body = _read_model(request, rt, raw)
     passthrough = _passthrough(rt, Endpoint.RESPONSES, raw, body)
     if passthrough is not None:  # the upstream checks the request and keeps its state
-        request_ = relayed_request(body["model"], passthrough.stream)
-        call = ResponsesCall(request_, tenant, None, passthrough=passthrough)
+        previous = body.get("previous_response_id")
+        if previous is not None:  # the upstream would find any tenant's: it must be the caller's
+            if not isinstance(previous, str) or not previous:
+                raise BadRequest(
+                    "'previous_response_id' must be a string", param="previous_response_id"
+                )
+            await _stored(rt, tenant, previous, "previous_response_id", relayed=True)
+        stored = body.get("store") is not False
+        request_ = relayed_request(body["model"], passthrough.stream, stored)
+        call = ResponsesCall(request_, tenant, rt.responses, passthrough=passthrough)
         return await request.app[ORCHESTRATOR].handle_dialect(request, rt, tenant, call)
     parsed = read_responses_request(body)
     history: list[dict[str, Any]] = []
@@ -114,14 +125,20 @@ async def _create_response(request: web.Request) -> web.StreamResponse:
     return await request.app[ORCHESTRATOR].handle_dialect(request, rt, tenant, call)
 
 
-async def _stored(rt: Runtime, tenant: str, response_id: str, param: str) -> StoredResponse:
-    """The tenant's stored response (another tenant's is not found, like an unknown id). As a
-    ``previous_response_id`` it is a 400 ``previous_response_not_found``, as OpenAI answers
-    (clients reset their chain on that code); by its path, a 404."""
+async def _stored(
+    rt: Runtime, tenant: str, response_id: str, param: str, *, relayed: bool = False
+) -> StoredResponse:
+    """The tenant's stored response (another tenant's is not found, like an unknown id), or
+    with ``relayed`` the record that a response kept upstream is the tenant's (each kind is not
+    found where the other is asked for: the gateway neither shows nor deletes what it relayed).
+    As a ``previous_response_id`` a missing one is a 400 ``previous_response_not_found``, as
+    OpenAI answers (clients reset their chain on that code); by its path, a 404."""
     try:
         record = await rt.responses.get(tenant, response_id)
     except StoreUnavailable as exc:
         raise _store_unavailable(rt) from exc
+    if record is not None and record.relayed != relayed:
+        record = None
     if record is None and param == "previous_response_id":
         raise BadRequest(
             f"Previous response with id '{response_id}' not found.",
@@ -150,6 +167,7 @@ async def _delete_response(request: web.Request) -> web.Response:
     rt = request.app[LIVE].current
     tenant = rt.authenticate(request.headers)
     response_id = request.match_info["id"]
+    await _stored(rt, tenant, response_id, "response_id")  # not a relayed response's record
     try:
         deleted = await rt.responses.delete(tenant, response_id)
     except StoreUnavailable as exc:
