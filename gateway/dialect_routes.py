@@ -32,8 +32,9 @@ from gateway.protocol import strict_json, token_count, upstream_json
 from gateway.protocol.anthropic_messages import MessagesRequest, read_messages_request
 from gateway.protocol.openai import Endpoint, ParsedRequest
 from gateway.protocol.responses import read_responses_request, relayed_request
-from gateway.runtime import Runtime
-from gateway.upstream.client import read_capped
+from gateway.runtime import Destination, Runtime
+from gateway.upstream.attempts import key_refused
+from gateway.upstream.client import read_capped, rejected_key
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -270,6 +271,7 @@ async def _count_tokens(request: web.Request) -> web.Response:
             sent = {**body, "model": target.upstream_model}
             headers = {**target.provider.headers, "Content-Type": "application/json"}
             async with post(f"{base}/messages/count_tokens", json=sent, headers=headers) as r:
+                _check_key(target, replicas[0].name, r.status)
                 answer = await read_capped(r, limit)
                 ok = r.status == 200 and isinstance(upstream_json.loads(answer), dict)
                 if not ok and not 400 <= r.status < 500:
@@ -283,6 +285,7 @@ async def _count_tokens(request: web.Request) -> web.Response:
         sent = token_count.tokenize_body(chat, target.upstream_model)
         url = token_count.tokenize_url(base)
         async with post(url, json=sent, headers=pool.auth_headers()) as r:
+            _check_key(target, replicas[0].name, r.status)
             if r.status == 404:  # a server without vLLM's tokenizer endpoint
                 return web.json_response({"input_tokens": token_count.estimate(chat)})
             answer = await read_capped(r, limit)
@@ -296,3 +299,10 @@ async def _count_tokens(request: web.Request) -> web.Response:
             "the backend's token count did not come back", code="bad_gateway"
         ) from exc
     return web.json_response({"input_tokens": count})
+
+
+def _check_key(target: Destination, replica: str, status: int) -> None:
+    """A backend refusing the gateway's own key is answered as ``/v1/messages`` answers it (a
+    502, the operator told), never relayed: its 401 would tell the caller its key is wrong."""
+    if status in (401, 403):
+        raise key_refused(target.pool.name, rejected_key(replica, status))
