@@ -9,7 +9,8 @@ not carried over.
 
 Every record lives ``ttl_s`` and is at most ``max_record_bytes`` (a longer conversation is not
 stored and says so in a log line and a metric); there are at most ``max_entries`` per tenant
-(the oldest go first). Records are kept in memory (one gateway instance) or in Redis (shared by
+(the oldest go first), and in memory at most ``max_total_bytes`` for all tenants together (a
+tenant over its share gives up its own records first: ``memory``). Records are kept in memory (one gateway instance) or in Redis (shared by
 every instance, through ``shared_state.redis_url``). A tenant's records are under a key derived
 from its name, and a record read back is checked to be the caller's: a tenant can never read,
 list or delete another's, and an unknown id and another tenant's id both answer 404.

@@ -183,6 +183,27 @@ async def test_a_tenant_never_reads_anothers_response(
     assert (await gw.client.responses.retrieve(mine.id)).id == mine.id  # still there
 
 
+async def test_a_tenant_filling_the_store_never_evicts_anothers_responses(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    bounded = TENANTS + "responses_store: {max_total_bytes: 2000000}\n"
+    gw = await make_gateway(pool_policy([up.url], bounded), api_key=KEY_A)
+    other = openai.AsyncOpenAI(base_url=gw.base_url, api_key=KEY_B, max_retries=0)
+    try:
+        theirs = await other.responses.create(model="m", input="team b's conversation")
+        mine = [
+            await gw.client.responses.create(model="m", input="x" * 300_000 + str(n))
+            for n in range(8)
+        ]
+        assert (await other.responses.retrieve(theirs.id)).id == theirs.id
+        with pytest.raises(openai.NotFoundError):  # the writer's own oldest went
+            await gw.client.responses.retrieve(mine[0].id)
+        assert (await gw.client.responses.retrieve(mine[-1].id)).id == mine[-1].id
+    finally:
+        await other.close()
+
+
 async def test_store_false_is_not_kept(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
