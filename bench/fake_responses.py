@@ -8,6 +8,8 @@ answering as vLLM does: ``{"count", "max_model_len", "tokens"}``.
 OpenAI do; the gateway relays it with ``responses: passthrough``): a ``response`` object with one
 message of the fake's reply, or, streamed, the typed events from ``response.created`` to
 ``response.completed``, one ``response.output_text.delta`` per word, and no ``data: [DONE]``.
+Like such a server it keeps state: each response has its own id, and a ``previous_response_id``
+it never answered is a 400 ``previous_response_not_found``.
 The script actions ``status:N`` and ``midstream_drop`` apply.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -34,6 +37,8 @@ def add_routes(app: web.Application, fake: FakeUpstream) -> None:
             {"count": count, "max_model_len": MAX_MODEL_LEN, "tokens": list(range(count))}
         )
 
+    answered: list[str] = []  # the ids of the responses it made, as a stateful server keeps them
+
     async def responses(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         fake.record_request(request, body)
@@ -42,8 +47,20 @@ def add_routes(app: web.Application, fake: FakeUpstream) -> None:
             status = int(action.split(":", 1)[1])
             err = {"error": {"message": f"fake {status}", "type": "fake_error", "code": status}}
             return web.json_response(err, status=status)
+        previous = body.get("previous_response_id")
+        if previous is not None and previous not in answered:
+            err = {
+                "error": {
+                    "message": f"Previous response with id '{previous}' not found.",
+                    "type": "invalid_request_error",
+                    "param": "previous_response_id",
+                    "code": "previous_response_not_found",
+                }
+            }
+            return web.json_response(err, status=400)
+        answered.append(f"resp_{uuid.uuid4().hex}")
         words = fake.settings.reply.split(" ")
-        response = _response(body, " ".join(words), fake.usage(5, len(words)))
+        response = _response(body, " ".join(words), fake.usage(5, len(words)), answered[-1])
         if not body.get("stream"):
             fake.completed += 1
             return web.json_response(response)
@@ -77,10 +94,12 @@ def _count(body: dict[str, Any]) -> int:
     return total
 
 
-def _response(body: dict[str, Any], text: str, usage: dict[str, Any]) -> dict[str, Any]:
+def _response(
+    body: dict[str, Any], text: str, usage: dict[str, Any], response_id: str
+) -> dict[str, Any]:
     details = usage.get("prompt_tokens_details") or {}
     return {
-        "id": "resp_fakeupstream1",
+        "id": response_id,
         "object": "response",
         "created_at": 1700000000,
         "status": "completed",

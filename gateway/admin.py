@@ -9,7 +9,9 @@ only while the gateway listens on loopback; bound to another address, the admin 
 page: no ``Origin``, no cross-site ``Sec-Fetch-Site``, a loopback ``Host`` (403 otherwise).
 
 ``AppAdmin`` is what one process answers about itself; a pre-forked worker group asks each
-worker for it over its control socket and answers for all (``gateway.workgroup``).
+worker for it over its control socket and answers for all (``gateway.workgroup``). The usage
+report is read (``usage_query``, ``AppAdmin.usage_records``) and written (``usage_answer``) in
+steps, so that a group can add its workers' records up in between.
 """
 
 from __future__ import annotations
@@ -19,16 +21,20 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from gateway.errors import BadRequest, Forbidden, NotFound, Unauthorized, Unavailable, error_body
 from gateway.keys import LIVE, METRICS, SLO
+from gateway.limits.memory import MemoryStore
 from gateway.limits.store import StoreUnavailable
 from gateway.limits.usage import report
-from gateway.limits.windows import WINDOW_KINDS, window_of
+from gateway.limits.windows import WINDOW_KINDS, Window, window_of
 from policies.loader import PolicyError
+
+if TYPE_CHECKING:
+    from gateway.stages.cache import CacheStage
 
 log = logging.getLogger("llm_gateway")
 
@@ -39,6 +45,16 @@ class AdminAccess:
 
 
 ADMIN_ACCESS = web.AppKey("admin_access", AdminAccess)
+UsageRecords = dict[str, dict[str, int]]  # tenant -> its usage record's fields
+
+
+@dataclass(frozen=True, slots=True)
+class UsageQuery:
+    """What ``GET /admin/usage`` asks: a window, and one tenant (``one``) or every tenant."""
+
+    window: Window
+    tenants: list[str]
+    one: bool
 
 
 class AppAdmin:
@@ -75,10 +91,32 @@ class AppAdmin:
             "models": live.current.model_names(),
         }
 
+    @property
+    def usage_shared(self) -> bool:
+        """The usage records are in a store every process reads (Redis), not in this one."""
+        return not isinstance(self._app[LIVE].current.limiter.store, MemoryStore)
+
+    async def usage_records(self, tenants: list[str] | None, window: Window) -> UsageRecords:
+        """The tenants' (None: every tenant of the running policy) records of ``window``."""
+        rt = self._app[LIVE].current
+        records: UsageRecords = {}
+        for tenant in rt.limits.tenants if tenants is None else tenants:
+            try:
+                records[tenant] = await rt.limiter.record_of(tenant, window)
+            except StoreUnavailable as exc:
+                raise Unavailable(
+                    "the limit store is unavailable", headers={"Retry-After": "5"}
+                ) from exc
+        return records
+
+    def cache_report(self) -> dict[str, Any]:
+        return _cache(self._app).report()
+
+    def reset_thresholds(self, namespace: str | None) -> None:
+        _cache(self._app).cache.semantic.gate.reset(namespace)
+
     async def purge_cache(self, tenant: str, namespace: str | None) -> int:
-        cache = self._app[LIVE].current.cache
-        if cache is None:
-            raise NotFound("no surface of the running policy has a cache")
+        cache = _cache(self._app)
         from cache.store import StoreUnavailable as CacheStoreUnavailable
 
         try:
@@ -89,14 +127,22 @@ class AppAdmin:
             ) from exc
 
 
+def _cache(app: web.Application) -> CacheStage:
+    cache = app[LIVE].current.cache
+    if cache is None:
+        raise NotFound("no surface of the running policy has a cache")
+    return cache
+
+
 def add_routes(router: web.UrlDispatcher, group: bool = False) -> None:
-    """The admin API; in a worker group, the routes that answer for the whole group are
-    ``gateway.workgroup``'s, and the rest answer for the worker a call reaches."""
-    if not group:
-        router.add_post("/admin/reload", _reload)
-        router.add_get("/admin/workers", _workers)
-        router.add_get("/admin/surfaces", _surfaces)
-        router.add_delete("/admin/cache", _purge_cache)
+    """The admin API; in a worker group every route is ``gateway.workgroup``'s, which answers
+    for the whole group."""
+    if group:
+        return
+    router.add_post("/admin/reload", _reload)
+    router.add_get("/admin/workers", _workers)
+    router.add_get("/admin/surfaces", _surfaces)
+    router.add_delete("/admin/cache", _purge_cache)
     router.add_get("/admin/usage", _usage)
     router.add_get("/admin/cache", _cache_report)
     router.add_delete("/admin/cache/thresholds", _reset_thresholds)
@@ -191,20 +237,14 @@ async def _cache_report(request: web.Request) -> web.Response:
     """``GET /admin/cache``: outcomes, the audit (audited and false hits per namespace, their
     interval, the threshold in force, tightenings, the audit's upstream cost)."""
     check_admin(request)
-    cache = request.app[LIVE].current.cache
-    if cache is None:
-        raise NotFound("no surface of the running policy has a cache")
-    return web.json_response(cache.report())
+    return web.json_response(AppAdmin(request.app).cache_report())
 
 
 async def _reset_thresholds(request: web.Request) -> web.Response:
     """``DELETE /admin/cache/thresholds[?namespace=N]``: back to the shipped operating point."""
     check_admin(request)
-    cache = request.app[LIVE].current.cache
-    if cache is None:
-        raise NotFound("no surface of the running policy has a cache")
     namespace = request.query.get("namespace")
-    cache.cache.semantic.gate.reset(namespace)
+    AppAdmin(request.app).reset_thresholds(namespace)
     return web.json_response({"reset": namespace or "all"})
 
 
@@ -255,6 +295,13 @@ async def _usage(request: web.Request) -> web.Response:
     every tenant of the policy.
     """
     check_admin(request)
+    query = usage_query(request)
+    records = await AppAdmin(request.app).usage_records(query.tenants, query.window)
+    return web.json_response(usage_answer(request.app, query, records))
+
+
+def usage_query(request: web.Request) -> UsageQuery:
+    """The window and tenants ``GET /admin/usage`` asks for (400 / 404 for what is not)."""
     rt = request.app[LIVE].current
     kind = request.query.get("window", "month")
     if kind not in WINDOW_KINDS:
@@ -264,22 +311,23 @@ async def _usage(request: web.Request) -> web.Response:
     if asked is not None and asked not in tenants:
         raise NotFound(f"no tenant named {asked!r} in the running policy")
     window = window_of(kind, rt.limiter.now_s())
-    latency = request.app[SLO].view()
+    return UsageQuery(window, list(tenants) if asked is None else [asked], asked is not None)
+
+
+def usage_answer(app: web.Application, query: UsageQuery, records: UsageRecords) -> dict[str, Any]:
+    """The report of ``query`` from the tenants' records, with this process's latency."""
+    rt = app[LIVE].current
+    latency = app[SLO].view()
     out = []
-    for tenant in [asked] if asked is not None else tenants:
-        try:
-            fields = await rt.limiter.record_of(tenant, window)
-        except StoreUnavailable as exc:
-            raise Unavailable(
-                "the limit store is unavailable", headers={"Retry-After": "5"}
-            ) from exc
+    for tenant in query.tenants:
         spec = rt.policy.tenants.get(tenant)
         budget = rt.limits.subject(tenant, "default").budget if spec is not None else None
-        row = report(tenant, window, fields, budget, rt.limits.surfaces)
+        fields = records.get(tenant, {})
+        row = report(tenant, query.window, fields, budget, rt.limits.surfaces)
         for name, surface in row["surfaces"].items():
             slo = latency.get(name)
             if slo is not None:
                 surface["latency_ms"] = {k: slo[k] for k in ("ttft_ms", "total_ms")}
                 surface["latency_requests"] = slo["requests"]
         out.append(row)
-    return web.json_response(out[0] if asked is not None else {"tenants": out})
+    return out[0] if query.one else {"tenants": out}

@@ -5,7 +5,10 @@ the chat path (every backend, every stage) and relaying it untranslated (a backe
 the API itself: ``responses: passthrough``, or a ``kind: anthropic`` backend for Messages; not
 for tiered aliases, whose tiers are chosen on chat requests), then hands one ``Dialect`` to the
 orchestrator. Stored responses (``GET``/``DELETE /v1/responses/{id}``, ``input_items``) are read
-in the caller's tenant only. Messages errors leave in Anthropic's format and statuses.
+in the caller's tenant only. A passthrough's upstream keeps every tenant's responses under the
+gateway's one key: a ``previous_response_id`` is relayed only when the store records the
+response as the caller's (``ResponsesCall.ended`` records it), and is otherwise answered as an
+unknown id is. Messages errors leave in Anthropic's format and statuses.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from gateway.protocol import strict_json, token_count, upstream_json
 from gateway.protocol.anthropic_messages import MessagesRequest, read_messages_request
 from gateway.protocol.openai import Endpoint, ParsedRequest
 from gateway.protocol.responses import read_responses_request, relayed_request
-from gateway.runtime import Runtime
-from gateway.upstream.client import read_capped
+from gateway.runtime import Destination, Runtime
+from gateway.upstream.attempts import key_refused
+from gateway.upstream.client import read_capped, rejected_key
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -102,8 +106,16 @@ async def _create_response(request: web.Request) -> web.StreamResponse:
     body = _read_model(request, rt, raw)
     passthrough = _passthrough(rt, Endpoint.RESPONSES, raw, body)
     if passthrough is not None:  # the upstream checks the request and keeps its state
-        request_ = relayed_request(body["model"], passthrough.stream)
-        call = ResponsesCall(request_, tenant, None, passthrough=passthrough)
+        previous = body.get("previous_response_id")
+        if previous is not None:  # the upstream would find any tenant's: it must be the caller's
+            if not isinstance(previous, str) or not previous:
+                raise BadRequest(
+                    "'previous_response_id' must be a string", param="previous_response_id"
+                )
+            await _stored(rt, tenant, previous, "previous_response_id", relayed=True)
+        stored = body.get("store") is not False
+        request_ = relayed_request(body["model"], passthrough.stream, stored)
+        call = ResponsesCall(request_, tenant, rt.responses, passthrough=passthrough)
         return await request.app[ORCHESTRATOR].handle_dialect(request, rt, tenant, call)
     parsed = read_responses_request(body)
     history: list[dict[str, Any]] = []
@@ -114,14 +126,20 @@ async def _create_response(request: web.Request) -> web.StreamResponse:
     return await request.app[ORCHESTRATOR].handle_dialect(request, rt, tenant, call)
 
 
-async def _stored(rt: Runtime, tenant: str, response_id: str, param: str) -> StoredResponse:
-    """The tenant's stored response (another tenant's is not found, like an unknown id). As a
-    ``previous_response_id`` it is a 400 ``previous_response_not_found``, as OpenAI answers
-    (clients reset their chain on that code); by its path, a 404."""
+async def _stored(
+    rt: Runtime, tenant: str, response_id: str, param: str, *, relayed: bool = False
+) -> StoredResponse:
+    """The tenant's stored response (another tenant's is not found, like an unknown id), or
+    with ``relayed`` the record that a response kept upstream is the tenant's (each kind is not
+    found where the other is asked for: the gateway neither shows nor deletes what it relayed).
+    As a ``previous_response_id`` a missing one is a 400 ``previous_response_not_found``, as
+    OpenAI answers (clients reset their chain on that code); by its path, a 404."""
     try:
         record = await rt.responses.get(tenant, response_id)
     except StoreUnavailable as exc:
         raise _store_unavailable(rt) from exc
+    if record is not None and record.relayed != relayed:
+        record = None
     if record is None and param == "previous_response_id":
         raise BadRequest(
             f"Previous response with id '{response_id}' not found.",
@@ -150,6 +168,7 @@ async def _delete_response(request: web.Request) -> web.Response:
     rt = request.app[LIVE].current
     tenant = rt.authenticate(request.headers)
     response_id = request.match_info["id"]
+    await _stored(rt, tenant, response_id, "response_id")  # not a relayed response's record
     try:
         deleted = await rt.responses.delete(tenant, response_id)
     except StoreUnavailable as exc:
@@ -252,6 +271,7 @@ async def _count_tokens(request: web.Request) -> web.Response:
             sent = {**body, "model": target.upstream_model}
             headers = {**target.provider.headers, "Content-Type": "application/json"}
             async with post(f"{base}/messages/count_tokens", json=sent, headers=headers) as r:
+                _check_key(target, replicas[0].name, r.status)
                 answer = await read_capped(r, limit)
                 ok = r.status == 200 and isinstance(upstream_json.loads(answer), dict)
                 if not ok and not 400 <= r.status < 500:
@@ -265,6 +285,7 @@ async def _count_tokens(request: web.Request) -> web.Response:
         sent = token_count.tokenize_body(chat, target.upstream_model)
         url = token_count.tokenize_url(base)
         async with post(url, json=sent, headers=pool.auth_headers()) as r:
+            _check_key(target, replicas[0].name, r.status)
             if r.status == 404:  # a server without vLLM's tokenizer endpoint
                 return web.json_response({"input_tokens": token_count.estimate(chat)})
             answer = await read_capped(r, limit)
@@ -278,3 +299,10 @@ async def _count_tokens(request: web.Request) -> web.Response:
             "the backend's token count did not come back", code="bad_gateway"
         ) from exc
     return web.json_response({"input_tokens": count})
+
+
+def _check_key(target: Destination, replica: str, status: int) -> None:
+    """A backend refusing the gateway's own key is answered as ``/v1/messages`` answers it (a
+    502, the operator told), never relayed: its 401 would tell the caller its key is wrong."""
+    if status in (401, 403):
+        raise key_refused(target.pool.name, rejected_key(replica, status))

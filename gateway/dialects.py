@@ -4,8 +4,9 @@ A call gives the orchestrator a ``ParsedRequest`` (the translated chat request, 
 own bytes for a passthrough) and takes the answer back: ``render`` for a whole body (an answer
 or an error), ``stream`` for the encoder the relay writes through. A Responses call also keeps
 the conversation: ``ended`` stores the finished response (before the client reads its end,
-so a follow-up with ``previous_response_id`` always finds it). The relay drives both through
-``gateway.upstream.out.ClientDialect``.
+so a follow-up with ``previous_response_id`` always finds it); for a passthrough, whose upstream
+keeps the response, it stores only the record that the response is this tenant's. The relay
+drives both through ``gateway.upstream.out.ClientDialect``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gateway.protocol.relayed import (
     MESSAGES_END,
     RESPONSES_END,
     RelayedStream,
+    answer_id,
     messages_error,
     responses_error,
 )
@@ -70,7 +72,9 @@ class ResponsesCall:
     passthrough: ParsedRequest | None = None  # the client's request, for `responses: passthrough`
     response_id: str = field(default_factory=lambda: new_id("resp"))
     final: dict[str, Any] | None = None  # the Response object, once it is known
+    relayed_id: str | None = None  # a passthrough's: the id of the response kept upstream
     _stream: ResponsesStream | None = None
+    _relayed: RelayedStream | None = None
 
     @property
     def parsed(self) -> ParsedRequest:
@@ -80,6 +84,8 @@ class ResponsesCall:
         return chat_request(chat, self.request.model, self.request.stream)
 
     def render(self, status: int, body: bytes) -> tuple[int, bytes]:
+        if status == 200 and self.passthrough is not None:
+            self.relayed_id = answer_id(body)
         if status != 200 or self.passthrough is not None:
             return status, body  # errors are OpenAI's shape in both APIs
         self.final = _retold(
@@ -91,29 +97,41 @@ class ResponsesCall:
 
     def stream(self) -> ClientStream:
         if self.passthrough is not None:
-            return RelayedStream(RESPONSES_END, responses_error)
+            self._relayed = RelayedStream(RESPONSES_END, responses_error, ids=True)
+            return self._relayed
         self._stream = ResponsesStream(self.request, self.response_id)
         return self._stream
 
     async def ended(self) -> None:
-        """Store the finished response (``store`` true); a failure to store is logged only:
-        the answer was served, and a follow-up naming it gets a clear 404."""
+        """Store the finished response (``store`` true), or for a passthrough the record that
+        the upstream's response is this tenant's (the only way a ``previous_response_id``
+        naming it is relayed); a failure to store is logged only: the answer was served, and a
+        follow-up naming it gets a clear 404 (400 ``previous_response_not_found``)."""
         if self._stream is not None and self._stream.done and not self._stream.failed:
             self.final = self._stream.response
+        if self._relayed is not None:
+            self.relayed_id = self._relayed.response_id
+        if not self.request.store or self.store is None:
+            return
+        if self.passthrough is not None:
+            if self.relayed_id is not None:
+                await self._put(StoredResponse.ownership(self.tenant, self.relayed_id))
+            return
         final = self.final
-        if not self.request.store or self.store is None or final is None:
+        if final is None:
             return
         output = [item for item in final["output"] if item.get("type") != "reasoning"]
         messages = [*self.history, *self.request.messages, *input_messages(output)]
-        record = StoredResponse(final, self.request.items, messages, self.tenant)
+        await self._put(StoredResponse(final, self.request.items, messages, self.tenant))
+
+    async def _put(self, record: StoredResponse) -> None:
+        assert self.store is not None
         try:
             await self.store.put(record)
         except RecordTooLarge as exc:
-            log.warning(
-                "response %s not stored: the conversation is too long (%s)", final["id"], exc
-            )
+            log.warning("response %s not stored: the conversation is too long (%s)", record.id, exc)
         except StoreUnavailable as exc:
-            log.warning("response %s not stored: %s", final["id"], exc)
+            log.warning("response %s not stored: %s", record.id, exc)
 
 
 @dataclass(slots=True)

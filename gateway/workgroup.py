@@ -19,6 +19,12 @@ computed at scrape time: replica health and load, SLO windows).
   ``workers``.
 - ``/admin/cache`` (DELETE): run in every worker (each holds its own index; a shared Redis store
   is purged by the first and found empty by the others); ``purged`` is the sum.
+- ``/admin/cache`` (GET): every worker's report, added up (``gateway.group_reports``).
+- ``/admin/cache/thresholds`` (DELETE): run in every worker (each gate tightens on its own).
+- ``/admin/usage``: every worker's usage records summed (``gateway.group_reports``), or, when
+  they live in a shared Redis store, this worker's read of them alone (every worker reads the
+  same records: asking each would count them N times); latency is this worker's, as with
+  ``/admin/surfaces``.
 - ``/admin/reload``: the file is validated here first, with the group's rules (a bad file
   changes nothing, 400); then
   the supervisor is sent SIGHUP, which it forwards to every worker, and the answer waits until
@@ -42,9 +48,19 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
-from gateway.admin import check_admin, check_metrics, no_policy_file, policy_rejected
+from gateway.admin import (
+    UsageRecords,
+    check_admin,
+    check_metrics,
+    no_policy_file,
+    policy_rejected,
+    usage_answer,
+    usage_query,
+)
 from gateway.build import refuse_unshared_limits
-from gateway.errors import BadRequest, NotFound, Unavailable, error_body
+from gateway.errors import BadRequest, GatewayError, error_body
+from gateway.group_reports import merge_cache_reports, sum_usage
+from gateway.limits.windows import WINDOW_KINDS, Window, window_of
 from gateway.observability.group_ledger import Answer, MetricsLedger
 from policies.loader import PolicyError, read_policy
 
@@ -81,6 +97,15 @@ class LocalAdmin(Protocol):
 
     async def purge_cache(self, tenant: str, namespace: str | None) -> int: ...
 
+    @property
+    def usage_shared(self) -> bool: ...
+
+    async def usage_records(self, tenants: list[str] | None, window: Window) -> UsageRecords: ...
+
+    def cache_report(self) -> dict[str, Any]: ...
+
+    def reset_thresholds(self, namespace: str | None) -> None: ...
+
 
 LOCAL = web.AppKey("llm_gateway.local_admin", LocalAdmin)
 CONTEXT = web.AppKey("llm_gateway.worker", WorkerContext)
@@ -100,6 +125,9 @@ def control_app(local: LocalAdmin) -> web.Application:
     app.router.add_get("/admin/workers", _local_worker)
     app.router.add_get("/admin/surfaces", _local_surfaces)
     app.router.add_delete("/admin/cache", _local_purge)
+    app.router.add_get("/admin/cache", _local_cache_report)
+    app.router.add_delete("/admin/cache/thresholds", _local_reset_thresholds)
+    app.router.add_get("/admin/usage", _local_usage)
     return app
 
 
@@ -131,9 +159,39 @@ async def _local_purge(request: web.Request) -> web.Response:
     local = request.app[LOCAL]
     try:
         purged = await local.purge_cache(request.query["tenant"], request.query.get("namespace"))
-    except (NotFound, Unavailable) as exc:
+    except GatewayError as exc:
         return web.json_response(exc.body(), status=exc.status)
     return web.json_response({"purged": purged})
+
+
+async def _local_cache_report(request: web.Request) -> web.Response:
+    try:
+        return web.json_response(request.app[LOCAL].cache_report())
+    except GatewayError as exc:
+        return web.json_response(exc.body(), status=exc.status)
+
+
+async def _local_reset_thresholds(request: web.Request) -> web.Response:
+    try:
+        request.app[LOCAL].reset_thresholds(request.query.get("namespace"))
+    except GatewayError as exc:
+        return web.json_response(exc.body(), status=exc.status)
+    return web.json_response({})
+
+
+async def _local_usage(request: web.Request) -> web.Response:
+    """The records of the window ``kind`` holding the instant ``at`` (the asking worker's)."""
+    kind, tenant = request.query["window"], request.query.get("tenant")
+    if kind not in WINDOW_KINDS:
+        return web.json_response(BadRequest("unknown window", param="window").body(), status=400)
+    window = window_of(kind, float(request.query["at"]))
+    try:
+        records = await request.app[LOCAL].usage_records(
+            None if tenant is None else [tenant], window
+        )
+    except GatewayError as exc:
+        return web.json_response(exc.body(), status=exc.status)
+    return web.json_response(records)
 
 
 # --- asking every worker --------------------------------------------------------------------
@@ -183,6 +241,9 @@ def add_group_routes(app: web.Application, ctx: WorkerContext, local: LocalAdmin
     app.router.add_get("/admin/workers", _admin(_group_workers))
     app.router.add_get("/admin/surfaces", _admin(_group_surfaces))
     app.router.add_delete("/admin/cache", _admin(_group_purge))
+    app.router.add_get("/admin/cache", _admin(_group_cache_report))
+    app.router.add_delete("/admin/cache/thresholds", _admin(_group_reset_thresholds))
+    app.router.add_get("/admin/usage", _admin(_group_usage))
     app.router.add_post("/admin/reload", _admin(_group_reload))
 
 
@@ -226,14 +287,63 @@ async def _group_purge(request: web.Request) -> web.Response:
     params = {"tenant": tenant}
     if (namespace := request.query.get("namespace")) is not None:
         params["namespace"] = namespace
-    replies, missing = await fan_out(request.app[CONTEXT], "DELETE", "/admin/cache", params)
-    bodies = [(r.status, json.loads(r.body)) for r in replies]
-    ok = [b for status, b in bodies if status == 200]
-    if not ok and bodies:  # every worker refused the same way (no cache, store down)
-        status, body = bodies[0]
-        return web.json_response(body, status=status)
+    answers = await _ask_all(request, "DELETE", "/admin/cache", params)
+    if isinstance(answers, web.Response):
+        return answers
+    ok, missing = answers
     purged = sum(int(b["purged"]) for b in ok)
     return web.json_response({"purged": purged, "tenant": tenant, "missing": missing})
+
+
+async def _group_cache_report(request: web.Request) -> web.Response:
+    answers = await _ask_all(request, "GET", "/admin/cache")
+    if isinstance(answers, web.Response):
+        return answers
+    ok, missing = answers
+    return web.json_response({**merge_cache_reports(ok), "missing": missing})
+
+
+async def _group_reset_thresholds(request: web.Request) -> web.Response:
+    namespace = request.query.get("namespace")
+    params = {"namespace": namespace} if namespace is not None else None
+    answers = await _ask_all(request, "DELETE", "/admin/cache/thresholds", params)
+    if isinstance(answers, web.Response):
+        return answers
+    ok, missing = answers
+    return web.json_response({"reset": namespace or "all", "workers": len(ok), "missing": missing})
+
+
+async def _group_usage(request: web.Request) -> web.Response:
+    query = usage_query(request)
+    local: LocalAdmin = request.app[LOCAL]
+    if local.usage_shared:  # every worker reads the same records: one read is the group's
+        records = await local.usage_records(query.tenants, query.window)
+        missing: list[int] = []
+    else:
+        params = {"window": query.window.kind, "at": str(query.window.start.timestamp())}
+        if query.one:
+            params["tenant"] = query.tenants[0]
+        answers = await _ask_all(request, "GET", "/admin/usage", params)
+        if isinstance(answers, web.Response):
+            return answers
+        ok, missing = answers
+        records = sum_usage(ok)
+    answer = usage_answer(request.app, query, records)
+    return web.json_response({**answer, "missing": missing})
+
+
+async def _ask_all(
+    request: web.Request, method: str, path: str, params: dict[str, str] | None = None
+) -> tuple[list[Any], list[int]] | web.Response:
+    """The workers' answers that came back ok and the workers missing (silent, or refusing
+    while others answered); when every worker refused (no cache, a store down), the first
+    refusal is the group's answer."""
+    replies, missing = await fan_out(request.app[CONTEXT], method, path, params)
+    ok = [json.loads(r.body) for r in replies if r.status == 200]
+    refused = [r for r in replies if r.status != 200]
+    if not ok and refused:
+        return web.json_response(json.loads(refused[0].body), status=refused[0].status)
+    return ok, sorted(missing + [r.index for r in refused])
 
 
 async def _group_reload(request: web.Request) -> web.Response:

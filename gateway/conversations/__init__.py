@@ -9,10 +9,16 @@ not carried over.
 
 Every record lives ``ttl_s`` and is at most ``max_record_bytes`` (a longer conversation is not
 stored and says so in a log line and a metric); there are at most ``max_entries`` per tenant
-(the oldest go first). Records are kept in memory (one gateway instance) or in Redis (shared by
+(the oldest go first), and in memory at most ``max_total_bytes`` for all tenants together (a
+tenant over its share gives up its own records first: ``memory``). Records are kept in memory (one gateway instance) or in Redis (shared by
 every instance, through ``shared_state.redis_url``). A tenant's records are under a key derived
 from its name, and a record read back is checked to be the caller's: a tenant can never read,
 list or delete another's, and an unknown id and another tenant's id both answer 404.
+
+A response relayed from an upstream that keeps state itself (``responses: passthrough``) lives
+upstream, under the gateway's one key for every tenant: the store keeps only an ownership record
+(``StoredResponse.relayed``: the id and its tenant, bounded and shared like every record), which
+a ``previous_response_id`` must find before it is relayed.
 """
 
 from __future__ import annotations
@@ -45,26 +51,38 @@ class StoredResponse:
     input_items: list[dict[str, Any]]
     messages: list[dict[str, Any]]
     tenant: str
+    relayed: bool = False  # the response lives upstream: this record only says whose it is
+
+    @classmethod
+    def ownership(cls, tenant: str, response_id: str) -> StoredResponse:
+        """The record of a relayed response (``responses: passthrough``) that ``tenant`` owns."""
+        return cls({"id": response_id}, [], [], tenant, relayed=True)
 
     @property
     def id(self) -> str:
         return str(self.response["id"])
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "t": self.tenant,
-                "r": self.response,
-                "i": self.input_items,
-                "m": self.messages,
-            },
-            separators=(",", ":"),
-        ).encode()
+        data: dict[str, Any] = {
+            "t": self.tenant,
+            "r": self.response,
+            "i": self.input_items,
+            "m": self.messages,
+        }
+        if self.relayed:
+            data["u"] = True
+        return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> StoredResponse:
         data = json.loads(raw)
-        return cls(response=data["r"], input_items=data["i"], messages=data["m"], tenant=data["t"])
+        return cls(
+            response=data["r"],
+            input_items=data["i"],
+            messages=data["m"],
+            tenant=data["t"],
+            relayed=data.get("u", False),
+        )
 
 
 def tenant_key(tenant: str) -> str:

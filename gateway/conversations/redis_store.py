@@ -6,6 +6,12 @@ stores a record, drops expired ids and, past ``max_entries``, deletes the tenant
 soonest-expiring records, atomically, so concurrent instances keep the bound. (The script
 names keys it derives from the prefix: it assumes one Redis, not a cluster.) Every call is
 bounded by ``timeout_s``; a failure raises ``StoreUnavailable``.
+
+There is no bound on all tenants' bytes here (the in-memory store's ``max_total_bytes``): a
+tenant's writes only ever delete its own records, as in memory. What bounds Redis's memory is
+Redis (its ``maxmemory``); an evicting ``maxmemory-policy`` would let Redis drop any tenant's
+records, ``noeviction`` makes a full Redis refuse the write (``StoreUnavailable``: served, not
+stored).
 """
 
 from __future__ import annotations

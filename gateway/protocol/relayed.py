@@ -8,13 +8,19 @@ failures as the dialect's error event. Event names are matched after a newline: 
 event's JSON data a newline is always escaped, so the model's text can never fake one. The
 relay made line ends ``\n``; the space after ``event:`` is optional in SSE, so both spellings
 are matched.
+
+A relayed Responses stream also names the response the upstream stores (``response_id``, read
+from the first event that carries the Response object: ``response.created``), as
+``answer_id`` reads it from a whole answer: the gateway records whose it is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from gateway.protocol.sse import encode_named
+from gateway.protocol import upstream_json
+from gateway.protocol.sse import EventSplitter, encode_named, event_data
 
 
 def _lines(*names: bytes) -> tuple[bytes, ...]:
@@ -38,15 +44,35 @@ def messages_error(message: str) -> bytes:
     )
 
 
-class RelayedStream:
-    __slots__ = ("_ends", "_error", "_tail", "done", "failed")
+def answer_id(body: bytes) -> str | None:
+    """The id of a whole Responses answer (a Response object); None when it has none."""
+    try:
+        return _id_of(upstream_json.loads(body))
+    except ValueError:
+        return None
 
-    def __init__(self, ends: tuple[bytes, ...], error: Callable[[str], bytes]) -> None:
+
+def _id_of(response: Any) -> str | None:
+    if not isinstance(response, dict):
+        return None
+    found = response.get("id")
+    return found if isinstance(found, str) and found else None
+
+
+class RelayedStream:
+    __slots__ = ("_ends", "_error", "_events", "_tail", "done", "failed", "response_id")
+
+    def __init__(
+        self, ends: tuple[bytes, ...], error: Callable[[str], bytes], *, ids: bool = False
+    ) -> None:
         self._ends = ends
         self._error = error
         self._tail = b"\n"  # the stream's start counts as after a newline
         self.done = False
         self.failed = False  # the upstream sent an error event
+        self.response_id: str | None = None  # with ``ids``: the Responses stream's response
+        # Events are split only until the id is found (the first event, as a rule).
+        self._events = EventSplitter() if ids else None
 
     def start(self) -> bytes:
         return b""
@@ -58,7 +84,23 @@ class RelayedStream:
         if any(failed in seen for failed in _FAILED):
             self.failed = True
         self._tail = seen[-32:]
+        if self._events is not None:
+            self._read_id(self._events.feed(data))
         return data
+
+    def _read_id(self, events: list[bytes]) -> None:
+        for event in events:
+            payload = event_data(event)
+            if b'"response"' not in payload:  # a delta: no Response object in it
+                continue
+            try:
+                found = _id_of(upstream_json.loads(payload).get("response"))
+            except (ValueError, AttributeError):
+                continue
+            if found is not None:
+                self.response_id = found
+                self._events = None
+                return
 
     def fail(self, message: str) -> bytes:
         if self.done:

@@ -79,9 +79,10 @@ class ResponsesRequest:
         return body
 
 
-def relayed_request(model: str, stream: bool) -> ResponsesRequest:
-    """A request relayed untranslated (``responses: passthrough``): the upstream reads it."""
-    return ResponsesRequest(model, stream, False, None, None, [], [], {})
+def relayed_request(model: str, stream: bool, store: bool) -> ResponsesRequest:
+    """A request relayed untranslated (``responses: passthrough``): the upstream reads it.
+    ``store``: the upstream keeps the response (the gateway then records whose it is)."""
+    return ResponsesRequest(model, stream, store, None, None, [], [], {})
 
 
 def parse_responses_request(raw: bytes) -> ResponsesRequest:

@@ -149,6 +149,16 @@ class Attempt:
             self.metrics.attempt(backend, replica, "ok" if outcome == "won" else outcome)
 
 
+def key_refused(backend: str, failure: AttemptFailed) -> UpstreamError:
+    """What the caller gets when a backend refused the gateway's own key (a 502: not the
+    caller's key, nor its fault), once the operator is told in an ERROR line."""
+    log.error("backend %s refused the gateway's API key: %s", backend, failure)
+    return UpstreamError(
+        f"{failure.public} (backend '{backend}'); the operator is told",
+        code="upstream_auth_failed",
+    )
+
+
 class AttemptOpener:
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
@@ -186,11 +196,7 @@ class AttemptOpener:
                         "attempt on %s/%s failed: %s", pool.name, decision.replica.name, exc
                     )  # the operator's line names the replica; the caller's never does
                     if exc.outcome == "rejected_key":
-                        log.error("backend %s refused the gateway's API key: %s", pool.name, exc)
-                        raise UpstreamError(
-                            f"{exc.public} (backend '{pool.name}'); the operator is told",
-                            code="upstream_auth_failed",
-                        ) from exc
+                        raise key_refused(pool.name, exc) from exc
                     if not exc.retryable:
                         raise UpstreamTimeout(exc.public, code="upstream_timeout") from exc
                     failures.append(exc)

@@ -205,16 +205,19 @@ async def open_upstream(
         resp.close()
         raise AttemptFailed("bad_status", f"{replica.name} answered {resp.status}", True)
     if resp.status in (401, 403):
-        # The caller's key never travels upstream: a 401/403 refuses the gateway's own (or its
-        # lack of one). Not the caller's fault (a 502 for the caller, an error for the
-        # operator), not the replica's health, and no other replica will take it either.
         resp.release()
-        raise AttemptFailed(
-            "rejected_key",
-            f"{replica.name} answered {resp.status}: the backend's API key was refused",
-            False,
-        )
+        raise rejected_key(replica.name, resp.status)
     return resp
+
+
+def rejected_key(replica: str, status: int) -> AttemptFailed:
+    """A 401/403. The caller's key never travels upstream: it refuses the gateway's own (or its
+    lack of one). Not the caller's fault (a 502 for the caller, an error for the operator:
+    ``gateway.upstream.attempts.key_refused``), not the replica's health, and no other replica
+    will take it either."""
+    return AttemptFailed(
+        "rejected_key", f"{replica} answered {status}: the backend's API key was refused", False
+    )
 
 
 def _lean(

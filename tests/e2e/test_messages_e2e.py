@@ -7,6 +7,7 @@ would) it goes through untranslated.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -382,3 +383,44 @@ async def test_count_tokens_without_a_tokenizer_is_the_documented_estimate(
     )
     assert count.input_tokens == 10 + 3  # 40 characters / 4, and 3 for the one message
     assert up.fake.requests == []  # nothing asked of the backend
+
+
+async def test_count_tokens_with_the_gateways_key_refused_is_a_502_as_messages_is(
+    make_gateway: GatewayFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    claude: Clients,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Anthropic refusing the gateway's own key is the operator's problem: the caller gets the
+    502 ``/v1/messages`` gives, never the provider's 401 (which would blame the caller's key)."""
+    monkeypatch.setenv("TEST_ANTHROPIC_KEY", "sk-ant-WRONG")
+    fake = FakeAnthropic()
+    runner, url = await start_fake_anthropic(fake)
+    try:
+        gw = await make_gateway(
+            f"""
+backends:
+  claude: {{kind: anthropic, base_url: "{url}", api_key_env: TEST_ANTHROPIC_KEY}}
+models:
+  c: {{backend: claude, model: claude-test-1}}
+"""
+        )
+        client = claude(gw)
+        messages: Any = [{"role": "user", "content": "one two"}]
+        answers = []
+        for call in (
+            client.messages.create(model="c", max_tokens=8, messages=messages),
+            client.messages.count_tokens(model="c", messages=messages),
+        ):
+            caplog.clear()
+            with pytest.raises(anthropic.InternalServerError) as info:
+                await call
+            assert info.value.status_code == 502
+            assert isinstance(info.value.body, dict) and info.value.body["type"] == "error"
+            answers.append(info.value.body)
+            logged = [r for r in caplog.records if r.levelno == logging.ERROR]
+            assert any("refused the gateway's API key" in r.getMessage() for r in logged)
+        assert answers[0] == answers[1]
+        assert "x-api-key" not in str(answers[1])  # not the provider's own message
+    finally:
+        await runner.cleanup()

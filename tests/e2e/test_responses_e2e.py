@@ -183,6 +183,27 @@ async def test_a_tenant_never_reads_anothers_response(
     assert (await gw.client.responses.retrieve(mine.id)).id == mine.id  # still there
 
 
+async def test_a_tenant_filling_the_store_never_evicts_anothers_responses(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    bounded = TENANTS + "responses_store: {max_total_bytes: 2000000}\n"
+    gw = await make_gateway(pool_policy([up.url], bounded), api_key=KEY_A)
+    other = openai.AsyncOpenAI(base_url=gw.base_url, api_key=KEY_B, max_retries=0)
+    try:
+        theirs = await other.responses.create(model="m", input="team b's conversation")
+        mine = [
+            await gw.client.responses.create(model="m", input="x" * 300_000 + str(n))
+            for n in range(8)
+        ]
+        assert (await other.responses.retrieve(theirs.id)).id == theirs.id
+        with pytest.raises(openai.NotFoundError):  # the writer's own oldest went
+            await gw.client.responses.retrieve(mine[0].id)
+        assert (await gw.client.responses.retrieve(mine[-1].id)).id == mine[-1].id
+    finally:
+        await other.close()
+
+
 async def test_store_false_is_not_kept(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
@@ -276,6 +297,77 @@ async def test_passthrough_relays_the_upstreams_own_responses_api(
         metrics = await (await session.get(gw.root + "/metrics")).text()
     ok = [line for line in metrics.splitlines() if line.startswith("llm_gateway_requests_total")]
     assert ok and all('status="200"' in line for line in ok)  # no [DONE], not a broken stream
+
+
+async def test_passthrough_a_tenant_never_continues_anothers_response(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """The upstream keeps every tenant's responses under the gateway's one key: the gateway
+    relays a ``previous_response_id`` only to the tenant whose answer carried it."""
+    up = await make_fake()
+    models = {"m": {"backend": "up", "model": "fake-model"}}
+    gw = await make_gateway(
+        build_policy({"up": vllm(up.url, responses="passthrough")}, models, TENANTS),
+        api_key=KEY_A,
+    )
+    mine = await gw.client.responses.create(model="m", input="a secret of team a")
+    async with gw.client.responses.stream(model="m", input="another secret") as stream:
+        streamed = await stream.get_final_response()
+    other = openai.AsyncOpenAI(base_url=gw.base_url, api_key=KEY_B, max_retries=0)
+    sent = len(up.fake.requests)
+    refusals = []
+    try:
+        for taken in (mine.id, streamed.id, "resp_never_made"):
+            with pytest.raises(openai.BadRequestError) as refused:
+                await other.responses.create(
+                    model="m", input="What did I say before?", previous_response_id=taken
+                )
+            assert refused.value.code == "previous_response_not_found"
+            assert refused.value.param == "previous_response_id"
+            refusals.append(json.dumps(refused.value.body).replace(taken, "ID"))
+        assert refusals[0] == refusals[1] == refusals[2]  # as an unknown id answers
+        assert len(up.fake.requests) == sent  # never relayed
+    finally:
+        await other.close()
+    follow = await gw.client.responses.create(
+        model="m", input="go on", previous_response_id=mine.id
+    )
+    assert up.fake.requests[-1].body["previous_response_id"] == mine.id
+    async with gw.client.responses.stream(
+        model="m", input="go on", previous_response_id=streamed.id
+    ) as stream:
+        await stream.get_final_response()
+    assert up.fake.requests[-1].body["previous_response_id"] == streamed.id
+    # A chain goes on from the owner's newest answer too.
+    await gw.client.responses.create(model="m", input="more", previous_response_id=follow.id)
+    # Responses kept upstream are not the gateway's to show or delete, for their owner too.
+    with pytest.raises(openai.NotFoundError):
+        await gw.client.responses.retrieve(mine.id)
+    with pytest.raises(openai.NotFoundError):
+        await gw.client.responses.delete(mine.id)
+    await gw.client.responses.create(model="m", input="again", previous_response_id=mine.id)
+
+
+async def test_passthrough_ownership_is_shared_through_redis(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, redis_server: RedisServer
+) -> None:
+    up = await make_fake()
+    models = {"m": {"backend": "up", "model": "fake-model"}}
+    shared = f"shared_state: {{redis_url: '{redis_server.url}'}}\n{TENANTS}"
+    policy = build_policy({"up": vllm(up.url, responses="passthrough")}, models, shared)
+    one = await make_gateway(policy, api_key=KEY_A)
+    two = await make_gateway(policy, api_key=KEY_B)
+    mine = await one.client.responses.create(model="m", input="a secret of team a")
+    with pytest.raises(openai.BadRequestError) as refused:
+        await two.client.responses.create(model="m", input="x", previous_response_id=mine.id)
+    assert refused.value.code == "previous_response_not_found"
+    assert up.fake.requests[-1].body.get("previous_response_id") is None
+    as_a = openai.AsyncOpenAI(base_url=two.base_url, api_key=KEY_A, max_retries=0)
+    try:  # the owner continues it on the other instance
+        await as_a.responses.create(model="m", input="go on", previous_response_id=mine.id)
+    finally:
+        await as_a.close()
+    assert up.fake.requests[-1].body["previous_response_id"] == mine.id
 
 
 async def test_responses_over_an_anthropic_backend(

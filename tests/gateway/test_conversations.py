@@ -115,6 +115,25 @@ async def test_the_memory_store_is_bounded_in_bytes() -> None:
     await store.aclose()
 
 
+async def test_a_tenant_over_the_byte_bound_pushes_out_its_own_records_first() -> None:
+    size = len(record("busy", 0, "y" * 500).encode())
+    store = open_store(None, StoreLimits(max_total_bytes=4 * size + 10))
+    await store.put(record("quiet", 0, "y" * 500))
+    for n in range(8):
+        await store.put(record("busy", n, "y" * 500))
+    assert await store.get("quiet", "resp_0") is not None  # it holds less: never pushed out
+    kept = [n for n in range(8) if await store.get("busy", f"resp_{n}") is not None]
+    assert kept == [5, 6, 7]
+    # The quiet tenant still finds room: the busiest tenant gives it up.
+    await store.put(record("quiet", 1, "y" * 500))
+    assert await store.get("quiet", "resp_0") is not None
+    assert await store.get("quiet", "resp_1") is not None
+    assert [n for n in range(8) if await store.get("busy", f"resp_{n}") is not None] == [6, 7]
+    with pytest.raises(RecordTooLarge):  # larger than the whole bound: never stored
+        await store.put(record("quiet", 2, "y" * 5 * size))
+    await store.aclose()
+
+
 async def test_redis_down_is_store_unavailable(redis_server: RedisServer) -> None:
     store = open_store(redis_server.url)
     await store.put(record("t", 1))

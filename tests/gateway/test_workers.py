@@ -26,6 +26,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.cache.conftest import RedisServer
 from tests.conftest import FakeFactory, build_policy, pool_policy, serve, vllm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -369,3 +370,70 @@ async def test_sighup_while_starting_is_one_reload_once_serving(
             os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
         await runner.cleanup()
+
+
+TEAM_A_KEY = "sk-team-a-0123456789"
+TEAM_A = 'tenants:\n  team-a: {api_keys: ["${TEST_TEAM_A_KEY}"]}\n'
+
+
+async def _usage_group(
+    make_fake: FakeFactory, start_group: StartGroup, extra: str, **sections: Any
+) -> Group:
+    """A group whose default surface caches exactly, after 20 requests as team-a over fresh
+    connections (so both workers serve some)."""
+    up = await make_fake()
+    cache = {"default": {"cache": {"exact": True, "allow_temperature": True}}}
+    group = await start_group(pool_policy([up.url], TEAM_A + extra, surfaces=cache, **sections))
+    client = openai.AsyncOpenAI(
+        base_url=group.root + "/v1", api_key=TEAM_A_KEY, max_retries=0, timeout=20,
+        default_headers={"Connection": "close"},
+    )  # fmt: skip
+    await asyncio.gather(*(_chat(client) for _ in range(20)))
+    await client.close()
+    assert all(w["requests"] > 0 for w in await group.workers())
+    return group
+
+
+async def _settled_usage(group: Group, requests: int, within_s: float = 10.0) -> None:
+    """Wait until the usage report counts ``requests`` (an unlimited request's usage is written
+    up to ``FLUSH_S`` after it ends); with one worker's records alone it never does."""
+    deadline = time.monotonic() + within_s
+    while (await group.get("/admin/usage?tenant=team-a"))["requests"] != requests:
+        assert time.monotonic() < deadline, "the usage report never counted every request"
+        await asyncio.sleep(0.05)
+
+
+async def test_usage_and_the_cache_report_answer_for_the_whole_group(
+    make_fake: FakeFactory, start_group: StartGroup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_TEAM_A_KEY", TEAM_A_KEY)
+    group = await _usage_group(make_fake, start_group, "")
+    await _settled_usage(group, 20)
+    for _ in range(8):  # fresh connections: whichever worker answers
+        usage = await group.get("/admin/usage?tenant=team-a")
+        assert (usage["requests"], usage["missing"]) == (20, [])
+        every = await group.get("/admin/usage")
+        assert [t["requests"] for t in every["tenants"] if t["tenant"] == "team-a"] == [20]
+        report = await group.get("/admin/cache")
+        stats = report["stats"]
+        assert stats["exact_hits"] + stats["semantic_hits"] + stats["misses"] == 20, stats
+        assert report["missing"] == []
+    reset = group.root + "/admin/cache/thresholds"
+    async with aiohttp.ClientSession() as session, session.delete(reset) as resp:
+        assert resp.status == 200, await resp.text()
+        assert await resp.json() == {"reset": "all", "workers": WORKERS, "missing": []}
+
+
+async def test_usage_in_shared_redis_is_counted_once_by_the_group(
+    make_fake: FakeFactory,
+    start_group: StartGroup,
+    monkeypatch: pytest.MonkeyPatch,
+    redis_server: RedisServer,
+) -> None:
+    monkeypatch.setenv("TEST_TEAM_A_KEY", TEAM_A_KEY)
+    shared = f"shared_state: {{redis_url: '{redis_server.url}'}}\n"
+    group = await _usage_group(make_fake, start_group, shared)
+    await _settled_usage(group, 20)
+    for _ in range(8):
+        usage = await group.get("/admin/usage?tenant=team-a")
+        assert (usage["requests"], usage["missing"]) == (20, [])  # every worker reads the same
