@@ -19,7 +19,8 @@ What it guarantees, as aiohttp did for these requests:
   all at once); a compressed body cut short is an error, never a short answer;
 * bounds: the answer's head (``MAX_HEAD`` bytes), a chunk-size line, the bytes buffered ahead
   of the reader (reading pauses past ``HIGH_WATER``), connections per replica (a request waits
-  for one while ``max_connections`` are busy);
+  for one while ``max_connections`` are busy; none free by ``first_byte_s`` is
+  ``NoFreeConnection``: nothing was sent, so it says nothing of the replica);
 * time: ``connect_s`` to connect, ``first_byte_s`` until the answer's head, ``idle_s`` of
   silence while the reader waits for body bytes. Each connection has one timer, re-armed only
   when it fires (a request on a warm connection arms no timer of its own);
@@ -67,6 +68,10 @@ class Disconnected(aiohttp.ServerDisconnectedError):
 
 class HeadTimeout(aiohttp.ServerTimeoutError):
     """No answer head within ``first_byte_s``."""
+
+
+class NoFreeConnection(aiohttp.ServerTimeoutError):
+    """Every connection to the replica stayed busy until ``first_byte_s``: nothing was sent."""
 
 
 class Silent(aiohttp.ServerTimeoutError):
@@ -761,7 +766,7 @@ class Http1Pool:
                 async with asyncio.timeout_at(head_due):
                     await waiter
             except TimeoutError:
-                raise HeadTimeout("no connection to the upstream was free in time") from None
+                raise NoFreeConnection("no connection to the upstream was free in time") from None
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)

@@ -10,6 +10,12 @@ its elapsed time is recorded as a lower bound of that replica's TTFT). A failure
 first byte (connect error, 5xx) moves on to another replica once, then to the next target.
 Time-outs end the request (504): retrying would double the wait.
 
+Connections per replica are bounded (``max_connections``): the choice prefers a replica with a
+free one, and a request that waited ``first_byte_s`` for one in vain (outcome
+``no_connection``) was never sent: it counts nothing against the replica, moves on to another
+replica only if one has a free connection, then to the next target; when nothing else failed
+the client gets 503 with ``Retry-After`` (``upstream_saturated``), never a 504.
+
 Providers' rate limits (``gateway.upstream.ratelimits``): a 429 moves on to the next target
 at once (the backend's replicas share its key's limits) and never counts against the replica's
 health; the last target's 429 is relayed as the provider sent it (translated for Anthropic). A
@@ -125,6 +131,7 @@ class AttemptOpener:
     async def open(self, call: Call, targets: list[Destination]) -> Attempt:
         failures: list[AttemptFailed] = []
         limited_s: list[float] = []  # a rate-limited target: when it says to come back
+        saturated = False  # a replica's connections stayed busy (the gateway's, not its fault)
         for target in targets:
             pool = target.pool
             routing = RoutingRequest(
@@ -161,6 +168,11 @@ class AttemptOpener:
                         ) from exc
                     if not exc.retryable:
                         raise UpstreamTimeout(exc.public, code="upstream_timeout") from exc
+                    if exc.outcome == "no_connection":
+                        saturated = True
+                        if any(_has_room(r, pool) for r in candidates if r.base_url not in tried):
+                            continue
+                        break  # a second wait for a busy replica would double the wait
                     failures.append(exc)
                     continue
                 if attempt.response.status != 429:
@@ -176,6 +188,13 @@ class AttemptOpener:
                 f"every upstream of model '{call.parsed.model}' is rate limited",
                 code="rate_limit_exceeded",
                 headers=retry_headers(int(min(limited_s) * 1000)),
+            )
+        if saturated and not failures:
+            raise Unavailable(
+                f"every connection of the gateway to the upstreams of model "
+                f"'{call.parsed.model}' is busy; retry shortly",
+                code="upstream_saturated",
+                headers={"Retry-After": call.rt.retry_after},
             )
         if not failures:
             raise Unavailable(
@@ -210,6 +229,12 @@ class AttemptOpener:
         routing: RoutingRequest,
     ) -> RoutingDecision | None:
         decision = pool.router.choose(candidates, routing)
+        if decision is not None and not _has_room(decision.replica, pool):
+            # Its connections are all busy: another replica that has one is better than a wait.
+            roomy = [r for r in candidates if _has_room(r, pool)]
+            if roomy:
+                candidates = roomy
+                decision = pool.router.choose(roomy, routing)
         plan = call.plan
         ttft_budget = plan.budget.ttft_ms
         if decision is None or not plan.actions.budget_routing or ttft_budget is None:
@@ -248,6 +273,7 @@ class AttemptOpener:
 
         async def second() -> Attempt:
             rest = [r for r in pool.available(target.upstream_model) if r.base_url not in tried]
+            rest = [r for r in rest if _has_room(r, pool)] or rest
             choice = pool.router.choose(rest, routing)
             if choice is None:
                 raise AttemptFailed("no_replica", "no replica left to hedge on", True)
@@ -350,8 +376,9 @@ class AttemptOpener:
             guard.release()
             span.end(exc.outcome)
             self.metrics.attempt(pool.name, replica.name, exc.outcome)
-            # A refused key, or a time-out the caller's deadline set, says nothing of its health.
-            if exc.outcome != "rejected_key" and not (ours and exc.outcome == "timeout"):
+            # A refused key, a wait for one of the gateway's own connections, or a time-out the
+            # caller's deadline set says nothing of its health.
+            if exc.outcome not in _NOT_ITS_HEALTH and not (ours and exc.outcome == "timeout"):
                 model = None if exc.outcome == "connect_error" else target.upstream_model
                 replica.record_failure(str(exc), model)
             raise
@@ -396,6 +423,14 @@ class AttemptOpener:
         if continues:  # vLLM opens a new assistant turn unless told to continue the last one
             body.update(continue_final_message=True, add_generation_prompt=False)
         return json.dumps(body).encode(), cap is not None
+
+
+_NOT_ITS_HEALTH = frozenset(("rejected_key", "no_connection"))
+
+
+def _has_room(replica: Replica, pool: BackendPool) -> bool:
+    """A connection of the gateway's to ``replica`` is free (each attempt holds at most one)."""
+    return replica.outstanding < pool.settings.max_connections
 
 
 def _check_streams(response: UpstreamResponse, replica: Replica) -> None:

@@ -26,6 +26,7 @@ from routing.http1 import (
     Disconnected,
     HeadTimeout,
     Http1Pool,
+    NoFreeConnection,
     Silent,
 )
 
@@ -328,7 +329,7 @@ async def test_at_most_max_connections_open_and_the_next_request_waits_for_one()
         gate.set()
         assert await first == b'{"n": 1}'
         assert await second == b'{"n": 2}'
-        with pytest.raises(HeadTimeout):  # a slot that never frees ends at first_byte_s
+        with pytest.raises(NoFreeConnection):  # a slot that never frees ends at first_byte_s
             held = await pool.post("/x", b"", [], connect_s=1, first_byte_s=1, idle_s=1)
             await post(pool, first_byte_s=0.2)
         held.close()
