@@ -17,11 +17,14 @@ replica only if one has a free connection, then to the next target; when nothing
 the client gets 503 with ``Retry-After`` (``upstream_saturated``), never a 504.
 
 Providers' rate limits (``gateway.upstream.ratelimits``): a 429 moves on to the next target
-at once (the backend's replicas share its key's limits) and never counts against the replica's
-health; the last target's 429 is relayed as the provider sent it (translated for Anthropic). A
-replica whose last answer said its budget is spent is waited for (up to the backend's
-``rate_limit_wait_s`` and the deadline; recorded apart from model latency) or skipped; when
-every target was skipped the client gets a 429 with ``Retry-After``.
+at once (an external API's replicas share its key's limits) and never counts against the
+replica's health; the last target's 429 is relayed as the provider sent it (translated for
+Anthropic). A replica whose last answer said its budget is spent is waited for (up to the
+backend's ``rate_limit_wait_s`` and the deadline; recorded apart from model latency) or
+skipped; when every target was skipped the client gets a 429 with ``Retry-After``. A vLLM
+backend's replicas are independent servers: a 429 from one moves on to another replica of the
+backend (within the one retry), and a replica that asked to wait is left out while another is
+available, as an ejected one is; the 429 is relayed only when no other replica is left.
 
 An ``Attempt`` holds the replica's load guard and the attempt's span until ``finish`` (the
 relay calls it once the answer is sent, whatever its end) or ``discard`` (a losing hedge, an
@@ -140,21 +143,28 @@ class AttemptOpener:
                 tenant=call.tenant,
                 session_key=call.session_key,
             )
+            # Self-hosted replicas are independent servers: one's 429 binds none of the others.
+            independent = pool.settings.kind == "vllm"
             tried: set[str] = set()
-            for turn in range(2):  # one try and one retry on another replica
+            turn = 0
+            while turn < 2:  # one try and one retry on another replica
                 available = pool.available(target.upstream_model)
                 candidates = [r for r in available if r.base_url not in tried]
                 decision = self._choose(call, pool, candidates, routing)
                 if decision is None:
                     break
                 tried.add(decision.replica.base_url)
-                wait = await self._pace(call, target, decision.replica)
+                skip = independent and len(candidates) > 1
+                wait = await self._pace(call, target, decision.replica, skip)
                 if wait is not None:
                     limited_s.append(wait)
+                    if skip:
+                        continue  # nothing was sent: another replica, as if this one were out
                     break  # its provider's limit is spent for longer than we may wait
+                turn += 1
                 try:
                     attempt = await self._attempt(
-                        call, target, decision, routing, candidates, turn, tried
+                        call, target, decision, routing, candidates, turn - 1, tried
                     )
                 except AttemptFailed as exc:
                     log.warning(
@@ -178,11 +188,14 @@ class AttemptOpener:
                 if attempt.response.status != 429:
                     return attempt
                 self.metrics.usage.upstream_limited.labels(pool.name).inc()
-                if target is targets[-1]:
+                # An external API's replicas share its key's limits: on to the next target.
+                more = independent and turn < 2 and len(candidates) > 1
+                if not more and target is targets[-1]:
                     return attempt  # nowhere else to go: the provider's 429 is relayed
                 limited_s.append(retry_after_s(attempt.response.headers) or 1.0)
                 await attempt.discard()
-                break  # the same key's limits bind every replica of the backend
+                if not more:
+                    break
         if limited_s and not failures:
             raise RateLimited(
                 f"every upstream of model '{call.parsed.model}' is rate limited",
@@ -205,12 +218,17 @@ class AttemptOpener:
         tries = sum(f.attempts for f in failures)
         raise UpstreamError(f"{failures[-1].public} ({tries} attempt(s))", code="bad_gateway")
 
-    async def _pace(self, call: Call, target: Destination, replica: Replica) -> float | None:
+    async def _pace(
+        self, call: Call, target: Destination, replica: Replica, skip: bool
+    ) -> float | None:
         """Wait for the provider's rate limit to reset, when it is near; None: sent (or no
-        need); a number: the seconds it asks, longer than this request may wait."""
+        need); a number: the seconds it asks, longer than this request may wait, or any wait
+        when ``skip`` (another replica, not bound by this one's limit, may take it at once)."""
         wait = self.limits.wait_s(replica.base_url, lambda: _tokens(call))
         if wait <= 0:
             return None
+        if skip:
+            return wait
         allowed = call.rt.policy.backends[target.pool.name].rate_limit_wait_s
         if call.deadline is not None:
             allowed = min(allowed, call.deadline - time.perf_counter())

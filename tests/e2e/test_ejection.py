@@ -1,7 +1,8 @@
 """Passive ejection as a circuit breaker, through the real gateway: after its cooldown an
 ejected replica (or an external API's (replica, model) pair) takes one trial; a failed trial
 ejects it again at once, for longer; a good one brings it back. Before the fix an ejected
-replica was ejected once and then sent traffic for ever."""
+replica was ejected once and then sent traffic for ever. And a vLLM replica's 429 binds that
+replica only: the request moves on to another replica of the backend."""
 
 from __future__ import annotations
 
@@ -153,3 +154,39 @@ async def test_a_failed_trial_ejects_a_model_of_an_external_api_again(
     assert [await status_of(gw, "a") for _ in range(3)] == [503] * 3
     assert len(up.fake.requests) == sent + 1
     assert await status_of(gw, "b") == 200
+
+
+@pytest.mark.parametrize("client", ["lean", "aiohttp"])
+async def test_a_429_from_one_vllm_replica_moves_on_to_another_replica(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, client: str
+) -> None:
+    limited, fine = await make_fake(), await make_fake()
+    limited.fake.queue(*["ratelimit:30"] * 10)
+    backend = vllm(limited.url, fine.url, http_client=client, routing={"strategy": "round_robin"})
+    gw = await make_gateway(build_policy({"up": backend}, {"m": {"backend": "up"}}))
+    # Before: a request routed to the limited replica got its 429 (the first relayed, the
+    # next ones "every upstream of model 'm' is rate limited"); the other was never tried.
+    assert [await status_of(gw) for _ in range(6)] == [200] * 6
+    assert len(limited.fake.requests) == 1  # then left out while it asks to wait
+    assert len(fine.fake.requests) == 6
+    assert all(r.healthy for r in gw.runtime.pools["up"].replicas)  # a 429 is no failure
+
+
+async def test_the_429_is_relayed_when_every_vllm_replica_is_limited(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    a, b = await make_fake(), await make_fake()
+    a.fake.queue("ratelimit:30")
+    b.fake.queue("ratelimit:30")
+    gw = await make_gateway(build_policy({"up": vllm(a.url, b.url)}, {"m": {"backend": "up"}}))
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(gw.base_url + "/chat/completions", json=body) as resp,
+    ):
+        answer = await resp.json()
+    assert resp.status == 429 and answer["error"]["message"] == "Rate limit reached"
+    assert len(a.fake.requests) == len(b.fake.requests) == 1
+    # Both ask to wait 30 s: the gateway answers for them, sending nothing.
+    assert await status_of(gw) == 429
+    assert len(a.fake.requests) == len(b.fake.requests) == 1
