@@ -67,6 +67,12 @@ _PUBLIC = {
 }
 
 
+_UNREADABLE = (
+    "the upstream's answer could not be read (malformed, or in a Content-Encoding "
+    "the gateway does not decode)"
+)
+
+
 class AnswerTooLarge(aiohttp.ClientPayloadError):
     """A non-streamed answer over ``server.max_response_bytes``."""
 
@@ -209,6 +215,12 @@ async def open_upstream(
         raise AttemptFailed("connect_error", f"cannot connect to {replica.name}", True) from exc
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
         raise AttemptFailed("connect_error", f"{replica.name} closed the connection", True) from exc
+    except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError) as exc:
+        # It answered, with a head that does not parse or in an encoding the gateway neither
+        # asked for nor decodes (brotli): a bad answer (for one model), not a connect error.
+        raise AttemptFailed(
+            "bad_answer", f"{replica.name}: {exc}", True, public=_UNREADABLE
+        ) from exc
     except aiohttp.ClientError as exc:
         raise AttemptFailed("connect_error", f"{replica.name}: {exc}", True) from exc
     if resp.status >= 500:
