@@ -19,13 +19,17 @@ What it guarantees, as aiohttp did for these requests:
   all at once); a compressed body cut short is an error, never a short answer;
 * bounds: the answer's head (``MAX_HEAD`` bytes), a chunk-size line, the bytes buffered ahead
   of the reader (reading pauses past ``HIGH_WATER``), connections per replica (a request waits
-  for one while ``max_connections`` are busy);
+  for one while ``max_connections`` are busy; none free by ``first_byte_s`` is
+  ``NoFreeConnection``: nothing was sent, so it says nothing of the replica);
 * time: ``connect_s`` to connect, ``first_byte_s`` until the answer's head, ``idle_s`` of
   silence while the reader waits for body bytes. Each connection has one timer, re-armed only
   when it fires (a request on a warm connection arms no timer of its own);
-* a reused connection that the server closed before answering (its keep-alive ran out as the
-  request left) is retried once on a new connection; every other failure is the caller's to
-  handle, with aiohttp's exception types (``ServerDisconnectedError``, ``ServerTimeoutError``,
+* a reused connection that the server closed before any byte of its answer and within
+  ``STALE_WINDOW_S`` of the request (its keep-alive ran out as the request left) is resent once,
+  on a newly opened connection (never on another idle one: after a restart of the replica every
+  idle connection is stale, and each would take a copy); a close later than that is no
+  keep-alive race (the server had the request for a while) and is not resent. Every other
+  failure is the caller's to handle, with aiohttp's exception types (``ServerDisconnectedError``, ``ServerTimeoutError``,
   ``ClientPayloadError``, ``ClientConnectionError``) so the relay reads both clients alike.
 """
 
@@ -47,6 +51,9 @@ MAX_CHUNK_LINE = 4096  # a chunk-size line with its extensions
 HIGH_WATER = 64 * 1024  # bytes buffered ahead of the reader: reading pauses above this
 DECODE_STEP = 64 * 1024  # most decoded bytes one read returns of a compressed body
 ACCEPT_ENCODING = "gzip, deflate"
+# A reused connection closed this soon after the request, before any byte of the answer, is
+# taken for a keep-alive that ran out as the request left (the close crossed it on the wire).
+STALE_WINDOW_S = 0.5
 # A control byte in a head (but a tab, and CR LF between lines): a bare CR or LF would split a
 # header in two on the way to the client (or make aiohttp's server refuse the answer).
 _HEAD_CTL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # searched with the CR LFs taken out
@@ -69,6 +76,10 @@ class HeadTimeout(aiohttp.ServerTimeoutError):
     """No answer head within ``first_byte_s``."""
 
 
+class NoFreeConnection(aiohttp.ServerTimeoutError):
+    """Every connection to the replica stayed busy until ``first_byte_s``: nothing was sent."""
+
+
 class Silent(aiohttp.ServerTimeoutError):
     """No body byte for ``idle_s`` while the reader waited."""
 
@@ -78,7 +89,8 @@ class BadAnswer(aiohttp.ClientPayloadError):
 
 
 class _Stale(Exception):
-    """A reused connection closed before any byte of the answer: safe to send again."""
+    """A reused connection closed before any byte of the answer, just after the request was
+    sent: its keep-alive had run out, the request was not read; safe to send again, once."""
 
 
 # Parser states of a connection.
@@ -351,6 +363,7 @@ class _Conn(asyncio.Protocol):
         self.chunk_state = _SIZE
         self.keep_alive = True
         self.got_bytes = False
+        self.sent_at = 0.0
         self.idle_s = 0.0
         self.head_due = 0.0
         self.last_data = 0.0
@@ -403,7 +416,11 @@ class _Conn(asyncio.Protocol):
         self._cancel_timer()
         self.pool.lost(self)
         if self.state == _HEAD:
-            if self.reused and not self.got_bytes:
+            if (
+                self.reused
+                and not self.got_bytes
+                and self.loop.time() - self.sent_at < STALE_WINDOW_S
+            ):
                 self._fail_head(_Stale())
             else:
                 self._fail_head(Disconnected("the upstream closed the connection before answering"))
@@ -426,6 +443,7 @@ class _Conn(asyncio.Protocol):
         waiter: asyncio.Future[Http1Response] = self.loop.create_future()
         self.head_waiter = waiter
         self._arm(head_due)
+        self.sent_at = self.loop.time()
         self.transport.write(data)
         try:
             return await waiter
@@ -725,14 +743,15 @@ class Http1Pool:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         head_due = loop.time() + first_byte_s
-        while True:
-            conn = await self._connection(loop, connect_s, head_due)
-            try:
-                return await conn.send(data, head_due, idle_s)
-            except _Stale:
-                # The server's keep-alive ran out as the request left: send it again on
-                # another connection (each stale one is closed; a new one is never stale).
-                continue
+        conn = await self._connection(loop, connect_s, head_due)
+        try:
+            return await conn.send(data, head_due, idle_s)
+        except _Stale:
+            pass
+        # The server's keep-alive ran out as the request left: send it once more, on a new
+        # connection (a new one is never stale; another idle one may be stale as well).
+        conn = await self._connection(loop, connect_s, head_due, reuse=False)
+        return await conn.send(data, head_due, idle_s)
 
     def _request(self, path: str, body: bytes, headers: Iterable[tuple[str, str]]) -> bytes:
         lines = [f"POST {path} HTTP/1.1\r\n", self._host_line]
@@ -744,24 +763,33 @@ class Http1Pool:
         return "".join(lines).encode("utf-8", "surrogateescape") + body
 
     async def _connection(
-        self, loop: asyncio.AbstractEventLoop, connect_s: float, head_due: float
+        self,
+        loop: asyncio.AbstractEventLoop,
+        connect_s: float,
+        head_due: float,
+        reuse: bool = True,
     ) -> _Conn:
+        """An idle connection (unless ``reuse`` is False), else a new one, else wait for a slot."""
         while True:
             if self._closed:
                 raise CannotConnect("the backend is stopping")
-            while self._idle:
+            while reuse and self._idle:
                 conn = self._idle.pop()
                 if not conn.closed:
                     return conn
             if self._open < self.max_connections:
                 return await self._connect(loop, connect_s)
+            if not reuse and self._idle:
+                # The oldest idle one makes room: its connection_lost frees a slot and wakes
+                # the first waiter.
+                self._idle.pop(0).abort()
             waiter: asyncio.Future[None] = loop.create_future()
             self._waiters.append(waiter)
             try:
                 async with asyncio.timeout_at(head_due):
                     await waiter
             except TimeoutError:
-                raise HeadTimeout("no connection to the upstream was free in time") from None
+                raise NoFreeConnection("no connection to the upstream was free in time") from None
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)

@@ -2,8 +2,15 @@
 
 Health has two inputs: active checks (the pool's checker calls vLLM's ``/health``) and passive
 observations (each proxied request reports success or failure). ``eject_after`` consecutive
-failures eject a replica; an active check that succeeds re-admits it. Replicas without active
-checks (external APIs) are re-admitted after ``cooldown_s``.
+failures eject a replica; an active check that succeeds re-admits it.
+
+Without a passing check to re-admit it, an ejected replica is a circuit breaker: after its
+cooldown it is half-open and takes one trial request at a time (``outstanding == 0``). A
+trial that succeeds closes it (healthy again, cooldown back to ``cooldown_s``); a trial that
+fails ejects it again at once, for twice the last cooldown, at most ``MAX_BACKOFF`` times
+``cooldown_s``. A failure that arrives during the cooldown (a request sent before the
+ejection) changes nothing. A (replica, model) pair of an external API is ejected and tried
+again the same way (without the one-at-a-time bound: load is counted per replica).
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+MAX_BACKOFF = 8  # a failed trial doubles the cooldown, up to this many times cooldown_s
 
 
 @dataclass(eq=False)
@@ -23,6 +32,7 @@ class Replica:
     outstanding: int = 0
     consecutive_failures: int = 0
     ejected_at: float | None = None
+    ejected_for: float = 0.0  # the cooldown of the current ejection (doubles on a failed trial)
     last_error: str | None = None
     # One replica serving many models (an external API: kind openai or anthropic): answers
     # that fail for one model (5xx, time-outs) eject that (replica, model) pair only; a
@@ -51,37 +61,50 @@ class Replica:
         now = now if now is not None else time.monotonic()
         if model is not None and self._models:
             pair = self._models.get(model)
-            ejected_at = pair.ejected_at if pair is not None else None
-            if ejected_at is not None and now - ejected_at < self.cooldown_s:
+            if (
+                pair is not None
+                and pair.ejected_at is not None
+                and now - pair.ejected_at < pair.ejected_for
+            ):
                 return False
         if self.healthy:
             return True
         if self.ejected_at is None:
-            return False
-        # Passive-only replicas come back for a trial request after the cooldown.
-        return now - self.ejected_at >= self.cooldown_s
+            return False  # an active check took it out: only a passing check re-admits it
+        # Half-open after the cooldown: one trial request at a time.
+        return now - self.ejected_at >= self.ejected_for and self.outstanding == 0
 
     def record_success(self, model: str | None = None) -> None:
         self.consecutive_failures = 0
         self.healthy = True
         self.ejected_at = None
         self.last_error = None
-        if model is not None:
+        if model is not None and self._models:
             self._models.pop(model, None)
 
     def record_failure(self, reason: str, model: str | None = None) -> None:
         """One failed attempt; ``model``: it failed for that model only (a 5xx, a time-out)."""
         self.last_error = reason
+        now = time.monotonic()
         if self.per_model and model is not None:
             pair = self._models.setdefault(model, _ModelHealth())
             pair.failures += 1
-            if pair.failures >= self.eject_after and pair.ejected_at is None:
-                pair.ejected_at = time.monotonic()
+            if pair.ejected_at is None:
+                if pair.failures >= self.eject_after:
+                    pair.ejected_at, pair.ejected_for = now, self.cooldown_s
+            elif now - pair.ejected_at >= pair.ejected_for:  # a failed trial
+                pair.ejected_at, pair.ejected_for = now, self._longer(pair.ejected_for)
             return
         self.consecutive_failures += 1
-        if self.consecutive_failures >= self.eject_after and self.healthy:
-            self.healthy = False
-            self.ejected_at = time.monotonic()
+        if self.healthy:
+            if self.consecutive_failures >= self.eject_after:
+                self.healthy = False
+                self.ejected_at, self.ejected_for = now, self.cooldown_s
+        elif self.ejected_at is not None and now - self.ejected_at >= self.ejected_for:
+            self.ejected_at, self.ejected_for = now, self._longer(self.ejected_for)
+
+    def _longer(self, cooldown: float) -> float:
+        return min(cooldown * 2, self.cooldown_s * MAX_BACKOFF)
 
     def mark_down(self, reason: str) -> None:
         """An active check failed: take the replica out until a check succeeds."""
@@ -94,6 +117,7 @@ class Replica:
 class _ModelHealth:
     failures: int = 0
     ejected_at: float | None = None
+    ejected_for: float = 0.0
 
 
 class LoadGuard:

@@ -10,12 +10,21 @@ its elapsed time is recorded as a lower bound of that replica's TTFT). A failure
 first byte (connect error, 5xx) moves on to another replica once, then to the next target.
 Time-outs end the request (504): retrying would double the wait.
 
+Connections per replica are bounded (``max_connections``): the choice prefers a replica with a
+free one, and a request that waited ``first_byte_s`` for one in vain (outcome
+``no_connection``) was never sent: it counts nothing against the replica, moves on to another
+replica only if one has a free connection, then to the next target; when nothing else failed
+the client gets 503 with ``Retry-After`` (``upstream_saturated``), never a 504.
+
 Providers' rate limits (``gateway.upstream.ratelimits``): a 429 moves on to the next target
-at once (the backend's replicas share its key's limits) and never counts against the replica's
-health; the last target's 429 is relayed as the provider sent it (translated for Anthropic). A
-replica whose last answer said its budget is spent is waited for (up to the backend's
-``rate_limit_wait_s`` and the deadline; recorded apart from model latency) or skipped; when
-every target was skipped the client gets a 429 with ``Retry-After``.
+at once (an external API's replicas share its key's limits) and never counts against the
+replica's health; the last target's 429 is relayed as the provider sent it (translated for
+Anthropic). A replica whose last answer said its budget is spent is waited for (up to the
+backend's ``rate_limit_wait_s`` and the deadline; recorded apart from model latency) or
+skipped; when every target was skipped the client gets a 429 with ``Retry-After``. A vLLM
+backend's replicas are independent servers: a 429 from one moves on to another replica of the
+backend (within the one retry), and a replica that asked to wait is left out while another is
+available, as an ejected one is; the 429 is relayed only when no other replica is left.
 
 An ``Attempt`` holds the replica's load guard and the attempt's span until ``finish`` (the
 relay calls it once the answer is sent, whatever its end) or ``discard`` (a losing hedge, an
@@ -167,6 +176,7 @@ class AttemptOpener:
     async def open(self, call: Call, targets: list[Destination]) -> Attempt:
         failures: list[AttemptFailed] = []
         limited_s: list[float] = []  # a rate-limited target: when it says to come back
+        saturated = False  # a replica's connections stayed busy (the gateway's, not its fault)
         for target in targets:
             pool = target.pool
             routing = RoutingRequest(
@@ -175,21 +185,28 @@ class AttemptOpener:
                 tenant=call.tenant,
                 session_key=call.session_key,
             )
+            # Self-hosted replicas are independent servers: one's 429 binds none of the others.
+            independent = pool.settings.kind == "vllm"
             tried: set[str] = set()
-            for turn in range(2):  # one try and one retry on another replica
+            turn = 0
+            while turn < 2:  # one try and one retry on another replica
                 available = pool.available(target.upstream_model)
                 candidates = [r for r in available if r.base_url not in tried]
                 decision = self._choose(call, pool, candidates, routing)
                 if decision is None:
                     break
                 tried.add(decision.replica.base_url)
-                wait = await self._pace(call, target, decision.replica)
+                skip = independent and len(candidates) > 1
+                wait = await self._pace(call, target, decision.replica, skip)
                 if wait is not None:
                     limited_s.append(wait)
+                    if skip:
+                        continue  # nothing was sent: another replica, as if this one were out
                     break  # its provider's limit is spent for longer than we may wait
+                turn += 1
                 try:
                     attempt = await self._attempt(
-                        call, target, decision, routing, candidates, turn, tried
+                        call, target, decision, routing, candidates, turn - 1, tried
                     )
                 except AttemptFailed as exc:
                     log.warning(
@@ -199,21 +216,36 @@ class AttemptOpener:
                         raise key_refused(pool.name, exc) from exc
                     if not exc.retryable:
                         raise UpstreamTimeout(exc.public, code="upstream_timeout") from exc
+                    if exc.outcome == "no_connection":
+                        saturated = True
+                        if any(_has_room(r, pool) for r in candidates if r.base_url not in tried):
+                            continue
+                        break  # a second wait for a busy replica would double the wait
                     failures.append(exc)
                     continue
                 if attempt.response.status != 429:
                     return attempt
                 self.metrics.usage.upstream_limited.labels(pool.name).inc()
-                if target is targets[-1]:
+                # An external API's replicas share its key's limits: on to the next target.
+                more = independent and turn < 2 and len(candidates) > 1
+                if not more and target is targets[-1]:
                     return attempt  # nowhere else to go: the provider's 429 is relayed
                 limited_s.append(retry_after_s(attempt.response.headers) or 1.0)
                 await attempt.discard()
-                break  # the same key's limits bind every replica of the backend
+                if not more:
+                    break
         if limited_s and not failures:
             raise RateLimited(
                 f"every upstream of model '{call.parsed.model}' is rate limited",
                 code="rate_limit_exceeded",
                 headers=retry_headers(int(min(limited_s) * 1000)),
+            )
+        if saturated and not failures:
+            raise Unavailable(
+                f"every connection of the gateway to the upstreams of model "
+                f"'{call.parsed.model}' is busy; retry shortly",
+                code="upstream_saturated",
+                headers={"Retry-After": call.rt.retry_after},
             )
         if not failures:
             raise Unavailable(
@@ -224,12 +256,17 @@ class AttemptOpener:
         tries = sum(f.attempts for f in failures)
         raise UpstreamError(f"{failures[-1].public} ({tries} attempt(s))", code="bad_gateway")
 
-    async def _pace(self, call: Call, target: Destination, replica: Replica) -> float | None:
+    async def _pace(
+        self, call: Call, target: Destination, replica: Replica, skip: bool
+    ) -> float | None:
         """Wait for the provider's rate limit to reset, when it is near; None: sent (or no
-        need); a number: the seconds it asks, longer than this request may wait."""
+        need); a number: the seconds it asks, longer than this request may wait, or any wait
+        when ``skip`` (another replica, not bound by this one's limit, may take it at once)."""
         wait = self.limits.wait_s(replica.base_url, lambda: _tokens(call))
         if wait <= 0:
             return None
+        if skip:
+            return wait
         allowed = call.rt.policy.backends[target.pool.name].rate_limit_wait_s
         if call.deadline is not None:
             allowed = min(allowed, call.deadline - time.perf_counter())
@@ -248,6 +285,12 @@ class AttemptOpener:
         routing: RoutingRequest,
     ) -> RoutingDecision | None:
         decision = pool.router.choose(candidates, routing)
+        if decision is not None and not _has_room(decision.replica, pool):
+            # Its connections are all busy: another replica that has one is better than a wait.
+            roomy = [r for r in candidates if _has_room(r, pool)]
+            if roomy:
+                candidates = roomy
+                decision = pool.router.choose(roomy, routing)
         plan = call.plan
         ttft_budget = plan.budget.ttft_ms
         if decision is None or not plan.actions.budget_routing or ttft_budget is None:
@@ -286,6 +329,7 @@ class AttemptOpener:
 
         async def second() -> Attempt:
             rest = [r for r in pool.available(target.upstream_model) if r.base_url not in tried]
+            rest = [r for r in rest if _has_room(r, pool)] or rest
             choice = pool.router.choose(rest, routing)
             if choice is None:
                 raise AttemptFailed("no_replica", "no replica left to hedge on", True)
@@ -389,8 +433,9 @@ class AttemptOpener:
             guard.release()
             span.end(exc.outcome, None if response is None else response.status)
             self.metrics.attempt(pool.name, replica.name, exc.outcome)
-            # A refused key, or a time-out the caller's deadline set, says nothing of its health.
-            if exc.outcome != "rejected_key" and not (ours and exc.outcome == "timeout"):
+            # A refused key, a wait for one of the gateway's own connections, or a time-out the
+            # caller's deadline set says nothing of its health.
+            if exc.outcome not in _NOT_ITS_HEALTH and not (ours and exc.outcome == "timeout"):
                 model = None if exc.outcome == "connect_error" else target.upstream_model
                 replica.record_failure(str(exc), model)
             raise
@@ -431,6 +476,14 @@ class AttemptOpener:
         if continues:  # vLLM opens a new assistant turn unless told to continue the last one
             body.update(continue_final_message=True, add_generation_prompt=False)
         return json.dumps(body).encode(), cap is not None
+
+
+_NOT_ITS_HEALTH = frozenset(("rejected_key", "no_connection"))
+
+
+def _has_room(replica: Replica, pool: BackendPool) -> bool:
+    """A connection of the gateway's to ``replica`` is free (each attempt holds at most one)."""
+    return replica.outstanding < pool.settings.max_connections
 
 
 def _check_streams(response: UpstreamResponse, replica: Replica) -> None:

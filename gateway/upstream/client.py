@@ -23,7 +23,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from policies.backends import TimeoutConfig
-from routing.http1 import CannotConnect, Http1Pool, Http1Response
+from routing.http1 import CannotConnect, Http1Pool, Http1Response, NoFreeConnection
 from routing.pool import BackendPool
 from routing.replica import Replica
 
@@ -47,6 +47,8 @@ class AttemptFailed(Exception):
     def __init__(self, outcome: str, message: str, retryable: bool, public: str = "") -> None:
         super().__init__(message)
         # metric label: connect_error | http_5xx | timeout | rejected_key | bad_status | bad_answer
+        # | no_connection (the gateway's own connections to the replica were all busy: not the
+        # replica's failure)
         self.outcome = outcome
         self.retryable = retryable
         self.public = public or _PUBLIC.get(outcome, "the upstream failed")
@@ -61,7 +63,14 @@ _PUBLIC = {
     "http_429": "the upstream is rate limited",
     "bad_status": "the upstream answered with a status that is not an API answer",
     "bad_answer": "the upstream answered a stream request with neither a stream nor an answer",
+    "no_connection": "every connection of the gateway to the upstream is busy",
 }
+
+
+_UNREADABLE = (
+    "the upstream's answer could not be read (malformed, or in a Content-Encoding "
+    "the gateway does not decode)"
+)
 
 
 class AnswerTooLarge(aiohttp.ClientPayloadError):
@@ -165,15 +174,21 @@ async def open_upstream(
     """POST to ``replica``; returns a response with status < 500 whose body is unread.
 
     ``first_byte_s`` bounds the wait for the response headers (the backend's ``first_byte_s``,
-    or less when the surface's deadline is nearer).
+    or less when the surface's deadline is nearer), a wait for a free connection included: one
+    that ends with every connection busy is outcome ``no_connection``, never the replica's
+    failure. The lean client knows when that happens; for aiohttp's connector it is read from
+    the replica's load (the caller's ``LoadGuard`` counted, hence ``>``): a request sent with
+    every connection taken queued for one.
     """
     wire = pool.wire(replica)
+    queued = False
     try:
         if wire is not None:
             resp: aiohttp.ClientResponse | Http1Response = await _lean(
                 wire, replica, req, timeouts, first_byte_s
             )
         else:
+            queued = replica.outstanding > pool.settings.max_connections
             async with asyncio.timeout(first_byte_s):
                 resp = await pool.session.post(
                     _url(replica.base_url, req.path),
@@ -188,12 +203,24 @@ async def open_upstream(
         raise AttemptFailed(
             "connect_error", f"cannot connect to {replica.name} within connect_s", True
         ) from exc
+    except NoFreeConnection as exc:
+        raise AttemptFailed("no_connection", f"no free connection to {replica.name}", True) from exc
     except TimeoutError as exc:
+        if queued:
+            raise AttemptFailed(
+                "no_connection", f"no free connection to {replica.name} in time", True
+            ) from exc
         raise AttemptFailed("timeout", f"{replica.name} did not answer in time", False) from exc
     except (aiohttp.ClientConnectorError, CannotConnect) as exc:
         raise AttemptFailed("connect_error", f"cannot connect to {replica.name}", True) from exc
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
         raise AttemptFailed("connect_error", f"{replica.name} closed the connection", True) from exc
+    except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError) as exc:
+        # It answered, with a head that does not parse or in an encoding the gateway neither
+        # asked for nor decodes (brotli): a bad answer (for one model), not a connect error.
+        raise AttemptFailed(
+            "bad_answer", f"{replica.name}: {exc}", True, public=_UNREADABLE
+        ) from exc
     except aiohttp.ClientError as exc:
         raise AttemptFailed("connect_error", f"{replica.name}: {exc}", True) from exc
     if resp.status >= 500:

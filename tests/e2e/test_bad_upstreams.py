@@ -8,8 +8,9 @@ from typing import Any
 
 import openai
 import pytest
+from aiohttp import web
 
-from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, build_policy, vllm
+from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, build_policy, serve, vllm
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
@@ -156,3 +157,73 @@ async def test_answers_over_max_response_bytes_are_refused_not_buffered(
     assert info.value.status_code == 502
     assert isinstance(info.value.body, dict)
     assert info.value.body["code"] == "response_too_large"
+
+
+class Brotli:
+    """An upstream that answers model ``fake-model`` in brotli whatever it was asked (as a
+    misconfigured CDN might), other models plainly; it records each Accept-Encoding."""
+
+    def __init__(self) -> None:
+        self.accepted: list[str] = []
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.answer)
+        app.router.add_get("/health", self.healthy)
+        return app
+
+    async def healthy(self, request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def answer(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.accepted.append(request.headers.get("Accept-Encoding", ""))
+        answer = {
+            "id": "x", "object": "chat.completion", "created": 1, "model": body["model"],
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "plain"}}],
+        }  # fmt: skip
+        if body["model"] != "fake-model":
+            return web.json_response(answer)
+        headers = {"Content-Type": "application/json", "Content-Encoding": "br"}
+        return web.Response(body=b"\x1b\x2a\x00\xf8not really brotli", headers=headers)
+
+
+@CLIENTS
+async def test_an_answer_in_an_encoding_not_asked_for_is_a_bad_answer_not_a_connect_error(
+    make_gateway: GatewayFactory, client: str
+) -> None:
+    brotli = Brotli()
+    runner, url = await serve(brotli.app())
+    try:
+        gw = await make_gateway(one_backend(url, client))
+        assert uses(gw, client)
+        with pytest.raises(openai.InternalServerError) as info:
+            await gw.client.chat.completions.create(model="m", messages=MESSAGES)
+        assert info.value.status_code == 502
+        # Before: "the upstream could not be reached", counted as a connect error.
+        assert "could not be reached" not in info.value.message
+        assert "Content-Encoding" in info.value.message
+        assert all("br" not in accepted for accepted in brotli.accepted)  # never advertised
+    finally:
+        await runner.cleanup()
+
+
+async def test_an_undecodable_answer_ejects_the_model_of_an_external_api_not_the_api(
+    make_gateway: GatewayFactory,
+) -> None:
+    brotli = Brotli()
+    runner, url = await serve(brotli.app())
+    try:
+        gw = await make_gateway(external(url))
+        for _ in range(3):
+            with pytest.raises(openai.InternalServerError):
+                await gw.client.chat.completions.create(model="a", messages=MESSAGES)
+        # Before: a connect error, so the whole API was ejected and model b got a 503.
+        r = await gw.client.chat.completions.create(model="b", messages=MESSAGES)
+        assert r.choices[0].message.content == "plain"
+        with pytest.raises(openai.APIStatusError) as info:
+            await gw.client.chat.completions.create(model="a", messages=MESSAGES)
+        assert info.value.status_code == 503  # model a is out for its cooldown
+    finally:
+        await runner.cleanup()

@@ -95,3 +95,123 @@ async def test_total_s_ends_an_endless_json_answer_with_504(
         await asyncio.wait_for(gw.client.chat.completions.create(model="m", messages=MESSAGES), 5)
     assert info.value.status_code == 504
     assert info.value.code == "total_timeout"
+
+
+class Busy:
+    """Two replicas; a request whose prompt is "long" streams until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.hits: list[int] = [0, 0]
+
+    def app(self, index: int) -> web.Application:
+        async def answer(request: web.Request) -> web.StreamResponse:
+            body = await request.json()
+            self.hits[index] += 1
+            if body["messages"][-1]["content"] != "long":
+                return web.json_response(
+                    {"id": "x", "object": "chat.completion", "created": 1, "model": "x",
+                     "choices": [{"index": 0, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": "short"}}]}
+                )  # fmt: skip
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "x",
+                     "choices": [{"index": 0, "delta": {"content": "t"}, "finish_reason": None}]}  # fmt: skip
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await self.release.wait()
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", answer)
+        return app
+
+
+async def _long_stream(url: str, started: asyncio.Event) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "long"}], "stream": True}
+    async with aiohttp.ClientSession() as s, s.post(url + "/chat/completions", json=body) as r:
+        assert r.status == 200
+        await r.content.readany()
+        started.set()
+        await r.read()
+
+
+@pytest.mark.parametrize("client", ["lean", "aiohttp"])
+async def test_a_busy_connection_pool_is_never_the_replicas_failure(
+    make_gateway: GatewayFactory, client: str
+) -> None:
+    busy = Busy()
+    runners = [await serve(busy.app(i)) for i in range(2)]
+    urls = [url for _, url in runners]
+    backend = vllm(
+        *urls, max_connections=1, http_client=client,
+        health={"active": False, "eject_after": 1, "cooldown_s": 60},
+        timeouts={"first_byte_s": 0.4}, routing={"strategy": "round_robin"},
+    )  # fmt: skip
+    gw = await make_gateway(build_policy({"up": backend}, {"m": {"backend": "up"}}))
+    streams: list[asyncio.Task[None]] = []
+    try:
+        for expected_hits in ([0, 1], [1, 1]):
+            started = asyncio.Event()
+            streams.append(asyncio.create_task(_long_stream(gw.base_url, started)))
+            await asyncio.wait_for(started.wait(), 5)
+            assert sorted(busy.hits) == expected_hits
+        # Both replicas' one connection is busy: the gateway is saturated, the replicas are not.
+        before = list(busy.hits)
+        for _ in range(2):
+            with pytest.raises(openai.APIStatusError) as info:
+                await gw.client.chat.completions.create(model="m", messages=MESSAGES)
+            # Before: 504 "the upstream did not answer in time", and each replica ejected.
+            assert info.value.status_code == 503
+            assert info.value.code == "upstream_saturated"
+            assert info.value.response.headers["Retry-After"]
+        async with aiohttp.ClientSession() as s:
+            body = {"model": "m", "max_tokens": 8, "messages": MESSAGES}
+            async with s.post(gw.root + "/v1/messages", json=body) as r:
+                assert r.status == 529  # the caller's API: Anthropic's overloaded_error
+                assert (await r.json())["error"]["type"] == "overloaded_error"
+                assert r.headers["Retry-After"]
+        assert busy.hits == before  # nothing was sent
+        assert all(r.healthy for r in gw.runtime.pools["up"].replicas)
+        busy.release.set()
+        await asyncio.gather(*streams)
+        for _ in range(4):
+            done = await gw.client.chat.completions.create(model="m", messages=MESSAGES)
+            assert done.choices[0].message.content == "short"
+    finally:
+        busy.release.set()
+        for task in streams:
+            task.cancel()
+        for runner, _ in runners:
+            await runner.cleanup()
+
+
+@pytest.mark.parametrize("client", ["lean", "aiohttp"])
+async def test_a_replica_with_a_free_connection_is_preferred_to_a_wait(
+    make_gateway: GatewayFactory, client: str
+) -> None:
+    busy = Busy()
+    runners = [await serve(busy.app(i)) for i in range(2)]
+    urls = [url for _, url in runners]
+    backend = vllm(
+        *urls, max_connections=1, http_client=client,
+        health={"active": False, "eject_after": 1, "cooldown_s": 60},
+        timeouts={"first_byte_s": 0.4}, routing={"strategy": "round_robin"},
+    )  # fmt: skip
+    gw = await make_gateway(build_policy({"up": backend}, {"m": {"backend": "up"}}))
+    started = asyncio.Event()
+    stream = asyncio.create_task(_long_stream(gw.base_url, started))
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        free = busy.hits.index(0)
+        # Round robin would send every other request to the busy replica, to wait in vain.
+        for _ in range(4):
+            r = await gw.client.chat.completions.create(model="m", messages=MESSAGES)
+            assert r.choices[0].message.content == "short"
+        assert busy.hits[free] == 4
+    finally:
+        busy.release.set()
+        await stream
+        for runner, _ in runners:
+            await runner.cleanup()

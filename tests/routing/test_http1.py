@@ -21,11 +21,13 @@ import uvloop
 from routing.http1 import (
     DECODE_STEP,
     HIGH_WATER,
+    STALE_WINDOW_S,
     BadAnswer,
     CannotConnect,
     Disconnected,
     HeadTimeout,
     Http1Pool,
+    NoFreeConnection,
     Silent,
 )
 
@@ -257,6 +259,53 @@ async def test_a_reused_connection_the_server_closed_is_retried_on_a_new_one() -
 
 
 @on_both_loops
+async def test_a_request_on_stale_connections_is_sent_once_more_on_a_new_one_only() -> None:
+    gate = asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: Writer, n: int) -> bool:
+        if n <= 4:  # four requests at once: four warm connections
+            await gate.wait()
+            writer.write(sized(b"{}"))
+            return True
+        writer.transport.abort()  # a replica that restarted: every old connection is dead
+        return False
+
+    async with serve(answer) as (server, port):
+        pool = Http1Pool("127.0.0.1", port, 10)
+        warm = [asyncio.create_task(post(pool)) for _ in range(4)]
+        await asyncio.sleep(0.1)
+        gate.set()
+        await asyncio.gather(*warm)
+        assert server.connections == 4
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            await post(pool)
+        # Before: the request went out again on every idle connection (5 copies here).
+        assert len(server.requests) == 6  # the four, then one on a stale one, one on a new one
+        assert server.connections == 5
+        pool.close()
+
+
+@on_both_loops
+async def test_a_reused_connection_closed_long_after_the_request_is_not_resent() -> None:
+    async def answer(reader: asyncio.StreamReader, writer: Writer, n: int) -> bool:
+        if n == 1:
+            writer.write(sized(b"{}"))
+            return True
+        await asyncio.sleep(STALE_WINDOW_S + 0.2)  # it worked on the request, then died
+        writer.transport.abort()
+        return False
+
+    async with serve(answer) as (server, port):
+        pool = Http1Pool("127.0.0.1", port, 10)
+        assert await post(pool) == b"{}"
+        with pytest.raises(aiohttp.ServerDisconnectedError) as caught:
+            await post(pool)
+        assert isinstance(caught.value, Disconnected)
+        assert len(server.requests) == 2  # before: sent again, the replica got it twice
+        pool.close()
+
+
+@on_both_loops
 async def test_a_connection_closed_mid_answer_is_a_disconnect() -> None:
     async def answer(reader: asyncio.StreamReader, writer: Writer, n: int) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part")
@@ -328,7 +377,7 @@ async def test_at_most_max_connections_open_and_the_next_request_waits_for_one()
         gate.set()
         assert await first == b'{"n": 1}'
         assert await second == b'{"n": 2}'
-        with pytest.raises(HeadTimeout):  # a slot that never frees ends at first_byte_s
+        with pytest.raises(NoFreeConnection):  # a slot that never frees ends at first_byte_s
             held = await pool.post("/x", b"", [], connect_s=1, first_byte_s=1, idle_s=1)
             await post(pool, first_byte_s=0.2)
         held.close()
