@@ -72,7 +72,7 @@ MAX_TEXT = 256
 # An attempt's outcomes that are the replica's (or the gateway's) failure: the span's status is
 # ERROR and error.type the outcome. A 4xx is the caller's or the account's: not the attempt's.
 _FAILED_OUTCOMES = frozenset(("http_5xx", "connect_error", "timeout", "bad_status", "rejected_key",
-                              "bad_answer", "idle_timeout", "answer_broken", "stream_error",
+                              "bad_answer", "idle_timeout", "answer_broken", "stream_error", "no_connection",
                               "abandoned"))  # fmt: skip
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
