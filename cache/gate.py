@@ -16,11 +16,12 @@ wins. The threshold of a kind, for a namespace, is the highest of:
 
 A candidate the verifier accepts is still refused by a hard check (``CHECKS``) that sees a
 difference its features, lower-case English words, cannot: other operators, symbols or signs
-(``cache.operators``: "x > 5" against "x < 5", "null == y" against "null === y"), or, around a
-shared passage, any change of the instruction or question beside it (``cache.segments``:
-"<text> Translate into French." against "... German."). The checks keep the verifier's features
-as they were trained and calibrated, and can only turn hits into misses; they run only for
-candidates the verifier accepted.
+(``cache.operators``: "x > 5" against "x < 5", "null == y" against "null === y"), other
+capitals in a shared word (``cache.casing``: "CO" against "Co"), or, around a shared passage,
+any change of the instruction or question beside it (``cache.segments``: "<text> Translate into
+French." against "... German."). The checks keep the verifier's features as they were trained
+and calibrated, and can only turn hits into misses; they run only for candidates the verifier
+accepted.
 
 Every decision comes back as a ``GateVerdict`` (candidates seen, the best candidate's cosine,
 kind and score, the threshold applied, the check that refused it) for the request's span.
@@ -36,6 +37,7 @@ from typing import Literal
 import numpy as np
 
 from cache.calibration import NEVER
+from cache.casing import same_case
 from cache.index import Candidate
 from cache.operators import same_operators
 from cache.segments import same_instruction
@@ -63,6 +65,7 @@ class GateVerdict:
 # Hard checks beside the verifier, cheapest first: (name, passes(stored, query)).
 CHECKS: tuple[tuple[str, Callable[[str, str], bool]], ...] = (
     ("operators", same_operators),
+    ("case", same_case),
     ("shared_text", same_instruction),
 )
 
