@@ -17,11 +17,11 @@ wins. The threshold of a kind, for a namespace, is the highest of:
 A candidate the verifier accepts is still refused by a hard check (``CHECKS``) that sees a
 difference its features, lower-case English words, cannot: other operators, symbols or signs
 (``cache.operators``: "x > 5" against "x < 5", "null == y" against "null === y"), other
-capitals in a shared word (``cache.casing``: "CO" against "Co"), or, around a shared passage,
-any change of the instruction or question beside it (``cache.segments``: "<text> Translate into
-French." against "... German."). The checks keep the verifier's features as they were trained
-and calibrated, and can only turn hits into misses; they run only for candidates the verifier
-accepted.
+capitals in a shared word (``cache.casing``: "CO" against "Co"), another script or language
+(``cache.language``), or, around a shared passage, any change of the instruction or question
+beside it (``cache.segments``: "<text> Translate into French." against "... German."). The
+checks keep the verifier's features as they were trained and calibrated, and can only turn
+hits into misses; they run only for candidates the verifier accepted.
 
 Every decision comes back as a ``GateVerdict`` (candidates seen, the best candidate's cosine,
 kind and score, the threshold applied, the check that refused it) for the request's span.
@@ -39,6 +39,7 @@ import numpy as np
 from cache.calibration import NEVER
 from cache.casing import same_case
 from cache.index import Candidate
+from cache.language import same_language
 from cache.operators import same_operators
 from cache.segments import same_instruction
 from cache.verifier import Verifier
@@ -66,6 +67,7 @@ class GateVerdict:
 CHECKS: tuple[tuple[str, Callable[[str, str], bool]], ...] = (
     ("operators", same_operators),
     ("case", same_case),
+    ("language", same_language),
     ("shared_text", same_instruction),
 )
 
