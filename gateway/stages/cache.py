@@ -228,7 +228,7 @@ class CacheStage:
             parsed.body,
             policy,
             tenant=call.tenant,
-            model_alias=parsed.model,
+            model_alias=call.rt.cache_model(parsed.model),
             surface=call.plan.name,
             endpoint="completions"
             if parsed.endpoint is Endpoint.COMPLETIONS
