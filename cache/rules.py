@@ -20,6 +20,11 @@ request out of the cache):
 
 The most restrictive mode among the rules that fire applies.
 
+One more restriction is not a setting: a request that asks for its prompt back (``echo:
+true`` on completions, vLLM's chat ``echo``, ``prompt_logprobs``) is exact-only whatever the
+rules say (``echoes_prompt``; the plan's rule is ``echo``): a semantic hit would echo another
+user's prompt, or its log-probabilities.
+
 ``time`` and ``personal`` read the text of the last user message themselves when the caller
 has no user's text (``query_text`` is None): the gateway's user's text exists only for a plain
 text message, and a question asked with an image beside it, or through the Messages or
@@ -58,6 +63,11 @@ _PERSONAL = re.compile(
     re.IGNORECASE,
 )
 _HOW_TO = re.compile(r"\bhow\s+(?:do|can|could|should|would)\s+(?:i|we|you)\b|\bhow\s+to\b", re.I)
+
+
+def echoes_prompt(body: Mapping[str, Any]) -> bool:
+    """The answer repeats the prompt or scores its tokens: only the same prompt may share it."""
+    return bool(body.get("echo")) or body.get("prompt_logprobs") is not None
 
 
 def uses_tools(body: Mapping[str, Any]) -> bool:

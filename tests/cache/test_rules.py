@@ -85,6 +85,44 @@ def test_plans_follow_the_rules() -> None:
     assert plan("Where is my order?", allowed).semantic
 
 
+def test_a_request_that_echoes_its_prompt_is_exact_only() -> None:
+    """echo (completions, vLLM chat) and prompt_logprobs return the prompt or its scores: a
+    semantic hit would return another user's prompt."""
+    cache = ResponseCache(InMemoryStore(), None, dim=8)
+    policy = CachePolicy(semantic=SemanticCacheConfig(gate="cosine"))
+    completion = {"model": "m", "prompt": "Say hi", "temperature": 0, "echo": True}
+    echoed = cache.plan(
+        completion,
+        policy,
+        tenant="t",
+        model_alias="m",
+        surface="s",
+        endpoint="completions",
+        query_text="Say hi",
+    )
+    assert echoed.request is not None and echoed.lookup and not echoed.semantic
+    assert echoed.rule == "echo"
+    for extra in ({"echo": True}, {"prompt_logprobs": 0}, {"prompt_logprobs": 5}):
+        chat = cache.plan(
+            body("Say hi", **extra),
+            policy,
+            tenant="t",
+            model_alias="m",
+            surface="s",
+            query_text="Say hi",
+        )
+        assert not chat.semantic and chat.rule == "echo", extra
+    plain = cache.plan(
+        body("Say hi", echo=False),
+        policy,
+        tenant="t",
+        model_alias="m",
+        surface="s",
+        query_text="Say hi",
+    )
+    assert plain.semantic and plain.rule is None
+
+
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
 
 
