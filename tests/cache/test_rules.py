@@ -36,6 +36,13 @@ def body(text: str, **extra: Any) -> dict[str, Any]:
         ("how to track my package", []),
         ("My kid won't eat vegetables, any tips?", []),
         ("Is it now or never?", ["time"]),
+        # An emoji or symbol between "my" and the record, an invisible character anywhere.
+        ("Where is my \U0001f4e6 order?", ["personal"]),
+        ("Where is my\u200border?", ["personal"]),
+        ("Where is my\u200b\u200border?", ["personal"]),
+        ("What's my\u2060 balance?", ["personal"]),
+        ("What is the weather to\u00adday?", ["time"]),
+        ("How do I track my \U0001f4e6 order?", []),
     ],
 )
 def test_rules_fire_on_documented_words(text: str, names: list[str]) -> None:
