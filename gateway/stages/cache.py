@@ -5,7 +5,8 @@ error. A hit is replayed with a fresh id and timestamp and zero usage (nothing w
 for this request), as JSON or as the SSE chunks of ``gateway.protocol.answers``. Fills run as
 background tasks after the response, off the request's time budget, and only for complete,
 successful answers (a stream is stored only when it ended with ``[DONE]`` and every choice
-finished). The cache packages are imported only when a policy asks for a cache.
+finished) and no longer than ``MAX_STORED_BYTES`` (4 MiB), streamed or not. The cache packages
+are imported only when a policy asks for a cache.
 
 The audit (``cache.audit``): a sampled share of semantic hits is asked upstream again, in the
 background after the cached answer was sent, as one non-streamed request through the same
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llm_gateway.cache")
 
-_MAX_CAPTURE = 4 * 1024 * 1024  # streams longer than this are not cached
+MAX_STORED_BYTES = 4 * 1024 * 1024  # answers longer than this, streamed or not, are not cached
 ZERO_USAGE: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 
@@ -62,7 +63,7 @@ class StreamCapture:
         if self.overflow:
             return
         self.size += len(data)
-        if self.size > _MAX_CAPTURE:
+        if self.size > MAX_STORED_BYTES:
             self.overflow = True
             self.events.clear()
             return
@@ -90,10 +91,11 @@ class StreamCapture:
 
 
 def storable(body: bytes | None) -> Callable[[], bytes | None]:
-    """A non-streamed answer, checked (after the response) to be complete and successful."""
+    """A non-streamed answer, checked (after the response) to be complete and successful, and
+    no longer than a stream the cache would keep (``MAX_STORED_BYTES``)."""
 
     def check() -> bytes | None:
-        if body is None:
+        if body is None or len(body) > MAX_STORED_BYTES:
             return None
         try:
             data = upstream_json.loads(body)
