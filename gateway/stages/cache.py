@@ -171,6 +171,7 @@ class Lookup:
             attrs["cache.verifier_score"] = _round(gate.score)
             attrs["cache.threshold"] = _round(gate.threshold)
             attrs["cache.pair_kind"] = gate.kind  # request or statement: whose threshold
+            attrs["cache.refused_by"] = gate.refused_by  # a hard check beside the verifier
         elif hit is not None:
             attrs["cache.similarity"] = _round(hit.similarity)
         return {k: v for k, v in attrs.items() if v is not None}

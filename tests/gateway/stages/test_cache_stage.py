@@ -60,3 +60,12 @@ def test_one_size_bound_for_streamed_and_plain_answers() -> None:
     capture = StreamCapture()
     capture.feed(b"data: " + b"x" * MAX_STORED_BYTES + b"\n\n")
     assert capture.overflow and capture.assembled() is None
+
+
+def test_the_span_names_the_check_that_refused() -> None:
+    candidate = Candidate("e1", "What is the molar mass of CO?", 1.0)
+    verdict = GateVerdict(1, None, 1.0, 0.98, 0.88, "request", "case")
+    attrs = Lookup(plan(), None, verdict).span_attributes()
+    assert attrs["cache.gate"] == "rejected" and attrs["cache.refused_by"] == "case"
+    accepted = GateVerdict(1, candidate, 1.0, 0.98, 0.88, "request")
+    assert "cache.refused_by" not in Lookup(plan(), None, accepted).span_attributes()
