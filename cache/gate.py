@@ -14,25 +14,34 @@ wins. The threshold of a kind, for a namespace, is the highest of:
   raises it, so the gate never accepts more than the shipped calibration allows. Statement
   thresholds are kept under ``<namespace>/statements``.
 
-A candidate the verifier accepts is still refused when the two questions write different
-operators or signs (``cache.operators``: "x > 5" against "x < 5", "-5" against "5"): the
-verifier's features have no symbols, and that check keeps them as they were trained.
+A candidate the verifier accepts is still refused by a hard check (``CHECKS``) that sees a
+difference its features, lower-case English words, cannot: other operators, symbols or signs
+(``cache.operators``: "x > 5" against "x < 5", "null == y" against "null === y"), other
+capitals in a shared word (``cache.casing``: "CO" against "Co"), another script or language
+(``cache.language``), or, around a shared passage, any change of the instruction or question
+beside it (``cache.segments``: "<text> Translate into French." against "... German."). The
+checks keep the verifier's features as they were trained and calibrated, and can only turn
+hits into misses; they run only for candidates the verifier accepted.
 
 Every decision comes back as a ``GateVerdict`` (candidates seen, the best candidate's cosine,
-kind and score, the threshold applied) for the request's span.
+kind and score, the threshold applied, the check that refused it) for the request's span.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from cache.calibration import NEVER
+from cache.casing import same_case
 from cache.index import Candidate
+from cache.language import same_language
 from cache.operators import same_operators
+from cache.segments import same_instruction
 from cache.verifier import Verifier
 from policies.cache import COSINE_ONLY_DEFAULT_THRESHOLD, SemanticCacheConfig
 
@@ -47,10 +56,25 @@ class GateVerdict:
     score: float | None = None  # the verifier's score of the best candidate
     threshold: float | None = None  # the verifier threshold applied
     kind: Literal["request", "statement"] | None = None  # which gate judged the best candidate
+    refused_by: str | None = None  # the check (``CHECKS``) that refused a candidate it passed
 
     @property
     def accepted(self) -> bool:
         return self.winner is not None
+
+
+# Hard checks beside the verifier, cheapest first: (name, passes(stored, query)).
+CHECKS: tuple[tuple[str, Callable[[str, str], bool]], ...] = (
+    ("operators", same_operators),
+    ("case", same_case),
+    ("language", same_language),
+    ("shared_text", same_instruction),
+)
+
+
+def refusal(stored: str, query: str) -> str | None:
+    """The first check that refuses serving ``stored``'s answer to ``query``; None: none."""
+    return next((name for name, passes in CHECKS if not passes(stored, query)), None)
 
 
 STATEMENTS = "/statements"  # suffix of a namespace's statement threshold and audit
@@ -137,8 +161,11 @@ class SemanticGate:
             self.statement_threshold(settings, namespace),
             self.threshold(settings, namespace),
         )
-        same = np.array([same_operators(c.text, query) for c in above], dtype=bool)
-        accepted = (judged.score >= thresholds) & same
+        passed = judged.score >= thresholds
+        refused = [
+            refusal(c.text, query) if ok else None for c, ok in zip(above, passed, strict=True)
+        ]
+        accepted = passed & np.array([r is None for r in refused], dtype=bool)
         # The best accepted candidate; when none is, the best score (for the span).
         best = int(np.argmax(np.where(accepted, judged.score + 2.0, judged.score)))
         winner = above[best] if accepted[best] else None
@@ -149,4 +176,5 @@ class SemanticGate:
             float(judged.score[best]),
             float(thresholds[best]),
             "statement" if judged.statement[best] else "request",
+            refused[best],
         )

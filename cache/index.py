@@ -153,6 +153,21 @@ class VectorIndex:
                 self._rebuild(loc.key, group)
             return True
 
+    def sweep(self, now: float | None = None) -> int:
+        """Drop every entry past its expiry (a search drops those it meets; this drops the
+        rest, in groups no search reaches)."""
+        now = time.time() if now is None else now
+        with self._lock:
+            expired = [
+                entry_id
+                for group in self._groups.values()
+                for entry_id, expires in zip(group.ids, group.expires, strict=True)
+                if entry_id is not None and expires <= now
+            ]
+            for entry_id in expired:
+                self.remove(entry_id)
+            return len(expired)
+
     def purge(self, scope_prefix: str) -> int:
         """Drop every group whose ``CacheScope.path()`` starts with ``scope_prefix``."""
         with self._lock:

@@ -6,7 +6,8 @@
 * **Exact key**: SHA-256 of the canonical JSON of the whole request minus fields that do not
   change the answer (``stream``, ``stream_options``, ``user``, ``metadata``, ...). Unknown
   fields stay in the key: a field we do not know about can only cost hits, never serve a
-  wrong answer.
+  wrong answer. Numbers are compared as values: ``temperature: 0``, ``0.0`` and ``-0.0`` are
+  one key.
 * **Context key**: the same canonical request with the query text (the user's text: the last
   message's content, or the prompt, as the gateway's one rule found it) taken out. Semantic
   matching compares that text's embedding only among entries whose context key is equal (same
@@ -34,7 +35,21 @@ def _digest(text: str) -> str:
 
 
 def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(
+        _numbers_as_values(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+
+
+def _numbers_as_values(value: Any) -> Any:
+    """A whole float as an int (``1.0`` -> ``1``, ``-0.0`` -> ``0``), in lists and objects too:
+    JSON spells one number many ways, and the answer depends on the value."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, Mapping):
+        return {k: _numbers_as_values(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_numbers_as_values(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,13 +5,19 @@ Layout (``P`` = key prefix, ``S`` = ``CacheScope.path()``: digests of tenant, na
 * ``P:x:S:<exact key>``    hash {s: scope JSON, r: response}, with the exact TTL;
 * ``P:e:S:<entry id>``     hash {s, c: context key, t: query text, v: float32 vector,
                            x: expiry (unix s), r: response}, with the semantic TTL;
-* ``P:z:S``                sorted set of the scope's entry ids by expiry, for ``max_entries``;
+* ``P:z:S``                sorted set of the scope's entry ids by expiry, for ``max_entries``
+                           and for expiry: each store in a scope reads the ids past their
+                           expiry out of it and deletes them (a ``del`` event each), so that
+                           no instance's index keeps an entry Redis let expire;
 * ``P:events``             stream of changes: add (with the whole entry but its response),
-                           del (evicted id), purge (scope prefix); trimmed to ``stream_maxlen``.
+                           del (evicted or expired id), purge (scope prefix); trimmed to
+                           ``stream_maxlen``.
 
 Each instance's sync task loads every ``P:e:*`` entry into its faiss index at start (and
 after any lost connection, since Redis may have restarted empty), then follows the stream
 from the id it read before the load, so an entry stored by one instance is found by all.
+Every ``sweep_interval_s`` it also drops from its index the entries past their expiry that
+no store in their scope has deleted yet (a scope nobody writes to any more).
 
 Redis down or slow: every request-path call is bounded by ``timeout_s``; the first failure
 logs one warning and opens a back-off window of ``retry_after_s`` during which calls fail
@@ -55,6 +61,10 @@ def _scope_from(raw: bytes | None) -> CacheScope | None:
     return CacheScope(tenant=tenant, model=model, namespace=namespace)
 
 
+def _member(member: bytes | str) -> str:
+    return member.decode() if isinstance(member, bytes) else str(member)
+
+
 def _entry_from(entry_id: str, fields: dict[bytes, bytes]) -> IndexEntry | None:
     scope = _scope_from(fields.get(b"s"))
     vector = fields.get(b"v")
@@ -82,6 +92,7 @@ class RedisStore:
         block_ms: int = 1000,
         load_timeout_s: float = 10.0,
         max_connections: int = 64,
+        sweep_interval_s: float = 30.0,
     ) -> None:
         self.prefix = prefix
         self.timeout_s = timeout_s
@@ -89,6 +100,8 @@ class RedisStore:
         self.stream_maxlen = stream_maxlen
         self._block_ms = block_ms
         self._load_timeout_s = load_timeout_s
+        self._sweep_interval_s = sweep_interval_s
+        self._next_sweep = time.monotonic() + sweep_interval_s
         self._stream = f"{prefix}:events"
         # A blocking pool: a burst beyond max_connections waits for a free connection
         # (bounded by the call's timeout) instead of failing.
@@ -181,12 +194,16 @@ class RedisStore:
         }
 
         async def run(r: aioredis.Redis) -> None:
+            now = time.time()
             pipe = r.pipeline(transaction=True)
             pipe.hset(name, mapping={**fields, "r": response})
             pipe.expire(name, ttl_s)
             pipe.zadd(zname, {entry.entry_id: entry.expires_at})
-            pipe.zremrangebyscore(zname, "-inf", time.time())
-            pipe.expire(zname, ttl_s)
+            # Read what expired before removing it: Redis expires the hashes without a
+            # word, and every instance's index must drop them too.
+            pipe.zrangebyscore(zname, "-inf", now)
+            pipe.zremrangebyscore(zname, "-inf", now)
+            pipe.expire(zname, 2 * ttl_s)  # outlives its members: their ids are read back
             pipe.zcard(zname)
             pipe.xadd(
                 self._stream,
@@ -195,19 +212,21 @@ class RedisStore:
                 approximate=True,
             )
             results = await pipe.execute()
+            expired = [_member(m) for m in results[3]]
             excess = int(results[-2]) - max_entries
             if excess > 0:
-                await self._evict(r, path, zname, excess)
+                victims: list[tuple[bytes, float]] = await r.zpopmin(zname, excess)  # type: ignore[assignment]
+                expired += [_member(m) for m, _score in victims]
+            if expired:
+                await self._drop(r, path, expired)
 
         await self._call(run)
         await notify(self._sinks, lambda sink: sink.add(entry))
 
-    async def _evict(self, r: aioredis.Redis, path: str, zname: str, count: int) -> None:
-        victims: list[tuple[bytes, float]] = await r.zpopmin(zname, count)  # type: ignore[assignment]
+    async def _drop(self, r: aioredis.Redis, path: str, entry_ids: list[str]) -> None:
+        """Delete entries (evicted, or expired) here and in every instance's index."""
         pipe = r.pipeline(transaction=False)
-        evicted: list[str] = []
-        for member, _score in victims:
-            entry_id = member.decode() if isinstance(member, bytes) else str(member)
+        for entry_id in entry_ids:
             pipe.unlink(f"{self.prefix}:e:{path}:{entry_id}")
             pipe.xadd(
                 self._stream,
@@ -215,9 +234,8 @@ class RedisStore:
                 maxlen=self.stream_maxlen,
                 approximate=True,
             )
-            evicted.append(entry_id)
         await pipe.execute()
-        await notify(self._sinks, lambda sink: [sink.remove(e) for e in evicted])
+        await notify(self._sinks, lambda sink: [sink.remove(e) for e in entry_ids])
 
     async def purge(self, tenant: str, namespace: str | None = None) -> int:
         prefix = scope_prefix(tenant, namespace)
@@ -300,6 +318,9 @@ class RedisStore:
                     if messages:
                         last_id = messages[-1][0]
                         await asyncio.to_thread(self._apply, messages)
+                if time.monotonic() >= self._next_sweep:
+                    self._next_sweep = time.monotonic() + self._sweep_interval_s
+                    await notify(self._sinks, lambda sink: sink.sweep())
             except asyncio.CancelledError:
                 raise
             except _ERRORS as exc:

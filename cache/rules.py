@@ -12,13 +12,22 @@ request out of the cache):
   "currently", "current", "latest", "recent(ly)", "this week/month/year/weekend",
   "yesterday", "tomorrow", "up to date", "as of"): the answer ages (default ``exact``, whose
   ``exact_ttl`` is the operator's statement of how long an answer stays good);
-* ``personal``: the user's text asks about their own records: "my" followed within two words by a record noun (account, order, balance, bill,
+* ``personal``: the user's text asks about their own records: "my" followed within two tokens
+  (words, emoji, symbols: "my \U0001f4e6 order") by a record noun (account, order, balance, bill,
   payment, subscription, booking, reservation, delivery, package, refund, calendar, inbox,
   appointment, ...), unless the request asks how to do something ("how do I ...", "how to
   ..."), which is the same for everyone (default ``off``: even the exact cache is shared by
   every user of a tenant). "Our" is left out: in "our refund policy" it is the company's.
 
-The most restrictive mode among the rules that fire applies.
+The most restrictive mode among the rules that fire applies. ``time`` and ``personal`` see
+through invisible format characters (Unicode category Cf: zero-width spaces and joiners, soft
+hyphens, direction marks): a rule fires when it fires on the text with each of them removed
+("to\u00addays") or read as a space ("my\u200border").
+
+One more restriction is not a setting: a request that asks for its prompt back (``echo:
+true`` on completions, vLLM's chat ``echo``, ``prompt_logprobs``) is exact-only whatever the
+rules say (``echoes_prompt``; the plan's rule is ``echo``): a semantic hit would echo another
+user's prompt, or its log-probabilities.
 
 ``time`` and ``personal`` read the text of the last user message themselves when the caller
 has no user's text (``query_text`` is None): the gateway's user's text exists only for a plain
@@ -31,6 +40,7 @@ of the tenant-wide exact cache, whatever API or content parts it came with.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -54,10 +64,15 @@ _RECORDS = (
     "history|cart|loan|salary|paycheck|benefits|deadline"
 )
 _PERSONAL = re.compile(
-    rf"\bmy\s+(?:\w+\s+)?(?:{_RECORDS})\b",
+    rf"\bmy\s+(?:\S+\s+)?(?:{_RECORDS})\b",
     re.IGNORECASE,
 )
 _HOW_TO = re.compile(r"\bhow\s+(?:do|can|could|should|would)\s+(?:i|we|you)\b|\bhow\s+to\b", re.I)
+
+
+def echoes_prompt(body: Mapping[str, Any]) -> bool:
+    """The answer repeats the prompt or scores its tokens: only the same prompt may share it."""
+    return bool(body.get("echo")) or body.get("prompt_logprobs") is not None
 
 
 def uses_tools(body: Mapping[str, Any]) -> bool:
@@ -102,14 +117,24 @@ def _texts(content: Any) -> str | None:
     return "\n".join(texts) if texts else None
 
 
+def readings(text: str) -> tuple[str, ...]:
+    """The text as a reader sees it: invisible format characters (category Cf) removed, and
+    read as spaces (a zero-width space between two words)."""
+    if text.isascii() or not any(unicodedata.category(c) == "Cf" for c in text):
+        return (text,)
+    removed = "".join(c for c in text if unicodedata.category(c) != "Cf")
+    spaced = "".join(" " if unicodedata.category(c) == "Cf" else c for c in text)
+    return (removed, spaced)
+
+
 def about_now(text: str | None) -> bool:
-    return bool(text) and _TIME.search(text or "") is not None
+    return bool(text) and any(_TIME.search(t) for t in readings(text or ""))
 
 
 def about_own_records(text: str | None) -> bool:
-    if not text or _HOW_TO.search(text):
+    if not text:
         return False
-    return _PERSONAL.search(text) is not None
+    return any(not _HOW_TO.search(t) and _PERSONAL.search(t) is not None for t in readings(text))
 
 
 def fired(body: Mapping[str, Any], text: str | None) -> list[str]:

@@ -12,7 +12,8 @@ match of the last user message among entries with the same scope and context key
 3. the winner's response is read from the store (its scope is checked again there).
 
 Requests whose answer does not generalise (``cache.rules``: tools, the present moment, the
-user's own records) are planned exact-only or left out, as the surface's ``rules`` say.
+user's own records) are planned exact-only or left out, as the surface's ``rules`` say; a
+request whose answer echoes its prompt (``echo``, ``prompt_logprobs``) is exact-only.
 
 The cache never fails a request: store errors and time-outs count as misses (``CacheStats``).
 ``cache-eval`` runs exactly this code with an in-memory store.
@@ -256,6 +257,8 @@ class ResponseCache:
         scope = CacheScope(tenant, model_alias, policy.namespace or surface)
         request = build_request(body, scope, endpoint, query_text)
         mode, rule = rules.mode_for(policy.rules, rules.fired(body, request.query_text))
+        if mode == "semantic" and rules.echoes_prompt(body):
+            mode, rule = "exact", "echo"
         if mode == "off":
             return CachePlan(None, False, False, skipped=f"rule:{rule}", semantic=False, rule=rule)
         return CachePlan(request, lookup, fill, semantic=mode == "semantic", rule=rule)

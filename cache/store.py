@@ -40,6 +40,8 @@ class IndexSink(Protocol):
 
     def replace_all(self, entries: Iterable[IndexEntry]) -> None: ...
 
+    def sweep(self, now: float | None = None) -> int: ...
+
 
 async def notify(sinks: list[IndexSink], change: Callable[[IndexSink], object]) -> None:
     """Apply an index change in a worker thread: an HNSW insert or rebuild can take a while."""

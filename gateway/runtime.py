@@ -119,6 +119,7 @@ class Runtime:
             if provider is not None:
                 self.providers[name] = provider
         self._prices: dict[policy_models.Price, Price | None] = {}
+        self._cache_models: dict[str, str] = {}  # alias -> its cache scope's model
         self.max_body_bytes = policy.server.max_body_bytes
         self.surface_header = policy.server.surface_header
         self.retry_after = str(policy.server.retry_after_s)
@@ -215,6 +216,24 @@ class Runtime:
             if alias in pool.models:
                 return [self._target(pool, alias)]
         raise NotFound(f"The model '{alias}' does not exist", code="model_not_found")
+
+    def cache_model(self, alias: str) -> str:
+        """The model part of a cache scope: the alias and what it resolves to now (the primary
+        target's backend and upstream model, or each tier's), so that a reload repointing the
+        alias never serves the old model's cached answers."""
+        resolved = self._cache_models.get(alias)
+        if resolved is None:
+            route = self.policy.models.get(alias)
+            try:
+                if isinstance(route, TieredModelConfig):
+                    targets = [t for tier in route.tiers for t in self.tier_targets(alias, tier)]
+                else:
+                    targets = self._targets(alias)[:1]
+            except NotFound:
+                return alias
+            names = ",".join(f"{t.pool.name}/{t.upstream_model}" for t in targets)
+            resolved = self._cache_models[alias] = f"{alias}={names}"
+        return resolved
 
     def tiered(self, alias: str) -> TieredModelConfig | None:
         entry = self.policy.models.get(alias)

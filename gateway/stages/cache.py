@@ -5,7 +5,8 @@ error. A hit is replayed with a fresh id and timestamp and zero usage (nothing w
 for this request), as JSON or as the SSE chunks of ``gateway.protocol.answers``. Fills run as
 background tasks after the response, off the request's time budget, and only for complete,
 successful answers (a stream is stored only when it ended with ``[DONE]`` and every choice
-finished). The cache packages are imported only when a policy asks for a cache.
+finished) and no longer than ``MAX_STORED_BYTES`` (4 MiB), streamed or not. The cache packages
+are imported only when a policy asks for a cache.
 
 The audit (``cache.audit``): a sampled share of semantic hits is asked upstream again, in the
 background after the cached answer was sent, as one non-streamed request through the same
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llm_gateway.cache")
 
-_MAX_CAPTURE = 4 * 1024 * 1024  # streams longer than this are not cached
+MAX_STORED_BYTES = 4 * 1024 * 1024  # answers longer than this, streamed or not, are not cached
 ZERO_USAGE: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 
@@ -62,7 +63,7 @@ class StreamCapture:
         if self.overflow:
             return
         self.size += len(data)
-        if self.size > _MAX_CAPTURE:
+        if self.size > MAX_STORED_BYTES:
             self.overflow = True
             self.events.clear()
             return
@@ -90,10 +91,11 @@ class StreamCapture:
 
 
 def storable(body: bytes | None) -> Callable[[], bytes | None]:
-    """A non-streamed answer, checked (after the response) to be complete and successful."""
+    """A non-streamed answer, checked (after the response) to be complete and successful, and
+    no longer than a stream the cache would keep (``MAX_STORED_BYTES``)."""
 
     def check() -> bytes | None:
-        if body is None:
+        if body is None or len(body) > MAX_STORED_BYTES:
             return None
         try:
             data = upstream_json.loads(body)
@@ -169,6 +171,7 @@ class Lookup:
             attrs["cache.verifier_score"] = _round(gate.score)
             attrs["cache.threshold"] = _round(gate.threshold)
             attrs["cache.pair_kind"] = gate.kind  # request or statement: whose threshold
+            attrs["cache.refused_by"] = gate.refused_by  # a hard check beside the verifier
         elif hit is not None:
             attrs["cache.similarity"] = _round(hit.similarity)
         return {k: v for k, v in attrs.items() if v is not None}
@@ -228,7 +231,7 @@ class CacheStage:
             parsed.body,
             policy,
             tenant=call.tenant,
-            model_alias=parsed.model,
+            model_alias=call.rt.cache_model(parsed.model),
             surface=call.plan.name,
             endpoint="completions"
             if parsed.endpoint is Endpoint.COMPLETIONS

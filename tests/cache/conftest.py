@@ -1,4 +1,4 @@
-"""Fixtures of the cache tests: a real redis-server per test and a fake embedder."""
+"""Fixtures of the cache tests: a real redis-server per test, a fake embedder and the real one."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import shutil
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import numpy as np
 import pytest
 
-from cache.embedder import Vectors
+from cache.embedder import SentenceTransformerEmbedder, Vectors
 
 DIM = 384
 
@@ -102,3 +102,11 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+async def minilm() -> AsyncIterator[SentenceTransformerEmbedder]:
+    """The real all-MiniLM-L6-v2 embedder (bundled with the `cache` extra; no network)."""
+    model = SentenceTransformerEmbedder(batch_window_s=0.005)
+    yield model
+    await model.aclose()

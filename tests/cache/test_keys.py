@@ -37,6 +37,25 @@ def test_key_order_and_text_parts_are_canonical() -> None:
     assert build_request(parts, SCOPE).exact_key == a.exact_key
 
 
+def test_numbers_are_compared_as_values() -> None:
+    """temperature 0, 0.0 and -0.0 (and 1 / 1.0 anywhere in the request) are one request."""
+    keys = {
+        (r.exact_key, r.context_key)
+        for r in (
+            build_request(body(temperature=t, top_p=p, max_tokens=m), SCOPE)
+            for t, p, m in ((0, 1, 64), (0.0, 1.0, 64.0), (-0.0, 1, 64))
+        )
+    }
+    assert len(keys) == 1
+    assert build_request(body(temperature=0.5), SCOPE) != build_request(
+        body(temperature=0.25), SCOPE
+    )
+    assert (
+        build_request(body(seed=True), SCOPE).exact_key
+        != build_request(body(seed=1), SCOPE).exact_key
+    )
+
+
 def test_answer_changing_parameters_change_both_keys() -> None:
     base = build_request(body(), SCOPE)
     for extra in (

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from cache.embedder import SentenceTransformerEmbedder
 from cache.gate import SemanticGate
 from cache.index import Candidate
 from cache.operators import same_operators, signature
 from cache.verifier import Verifier
 from policies.cache import SemanticCacheConfig
+from tests.cache.near_misses import judge
 
 # Near misses the verifier cannot see: the words are the same, a symbol or sign is not.
 DIFFERENT = [
@@ -29,6 +31,22 @@ DIFFERENT = [
     ("Is x > 5 and y < 3?", "Is x < 5 and y > 3?"),
     ("Solve x = -5", "Solve x = 5"),
     ("Is the interval (-3, 4) open?", "Is the interval (3, 4) open?"),
+    # Operators between longer words, redirections, slices, Unicode symbols, currencies.
+    ("What does null == undefined return?", "What does null === undefined return?"),
+    ("What does null == undefined return?", "What does null != undefined return?"),
+    ("What does isReady && isValid give?", "What does isReady || isValid give?"),
+    ("What does ls > out.txt do?", "What does ls >> out.txt do?"),
+    ("What does cat log | grep error do?", "What does cat log > grep error do?"),
+    ("What does total += bonus do?", "What does total -= bonus do?"),
+    ("What does count++ do in C?", "What does count-- do in C?"),
+    ("What does items[1:] return?", "What does items[:1] return?"),
+    ("What does the regex ab* match?", "What does the regex ab+ match?"),
+    ("Is 10 \u2a7e 5?", "Is 10 \u2a7d 5?"),
+    ("Is x \u226b y?", "Is x \u226a y?"),
+    ("Is x \u2192 y true?", "Is x \u2190 y true?"),
+    ("Is A \u2227 B true?", "Is A \u2228 B true?"),
+    ("How much is 100 $ in yen?", "How much is 100 \u20ac in yen?"),
+    ("What is 5% of 80?", "What is 5 of 80?"),
 ]
 
 # Pairs whose symbols are punctuation, hyphens of words, ranges, dates, units, or another
@@ -50,6 +68,12 @@ SAME = [
     ("Is x \u2264 5?", "Is x <= 5?"),
     ("What's 2+2?", "What is 2 + 2?"),
     ("How do I use ls -l?", "How to use ls -l"),
+    ("Is x \u2192 y true?", "Is x -> y true?"),
+    ("Is 10 \u2a7e 5?", "Is 10 >= 5?"),
+    ("What is 5 \uff0b 3?", "What is 5 + 3?"),
+    ("Steps:\n* boil water\n* add pasta", "Steps:\n- boil water\n- add pasta"),
+    ("The stock rose 5 percent to $30.", "The stock rose 5% to $30.50."),
+    ("Question: what is R&D?", "Question:  what is R&D?"),
 ]
 
 
@@ -94,3 +118,36 @@ def test_the_gate_refuses_what_the_verifier_accepts_when_the_operators_differ(
     both = [Candidate(stored, stored, 0.9432), Candidate(twin, twin, 0.93)]
     chosen = gate.choose(asked, both, settings, "ns")
     assert chosen.winner is not None and chosen.winner.text == twin
+
+
+# Near misses that the embedder (0.78-1.0) and the verifier alone both served.
+SERVED_WITHOUT_THE_CHECK = [
+    (
+        "In JavaScript, what does null == undefined return?",
+        "In JavaScript, what does null === undefined return?",
+    ),
+    (
+        "In JavaScript, what does null == undefined return?",
+        "In JavaScript, what does null != undefined return?",
+    ),
+    (
+        "What does the shell command ls > out.txt do?",
+        "What does the shell command ls >> out.txt do?",
+    ),
+    (
+        "What does the Python expression items[1:] return?",
+        "What does the Python expression items[:1] return?",
+    ),
+    ("Is 10 \u2a7e 5?", "Is 10 \u2a7d 5?"),
+    ("Is x \u226b y?", "Is x \u226a y?"),
+    ("Is x \u2192 y true?", "Is x \u2190 y true?"),
+]
+
+
+@pytest.mark.parametrize(("stored", "asked"), SERVED_WITHOUT_THE_CHECK)
+def test_the_gate_refuses_operators_between_words_slices_and_unicode_symbols(
+    minilm: SentenceTransformerEmbedder, verifier: Verifier, stored: str, asked: str
+) -> None:
+    judged = judge(minilm, verifier, stored, asked)
+    assert judged.above_floor and judged.served_by_verifier
+    assert not judged.verdict.accepted and judged.verdict.refused_by == "operators"

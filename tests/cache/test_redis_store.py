@@ -119,6 +119,47 @@ async def test_ttl_expiry(redis_server: RedisServer, embedder: HashingEmbedder) 
     await cache.aclose()
 
 
+async def test_expired_entries_leave_every_index(
+    redis_server: RedisServer, embedder: HashingEmbedder
+) -> None:
+    """Redis expires an entry's hash silently; the next store in its scope reads the expired
+    ids before removing them, so no instance's faiss index grows past what Redis holds."""
+    short = CachePolicy(
+        exact=False, semantic=SemanticCacheConfig(gate="cosine", threshold=0.95, ttl=1)
+    )
+    a = await instance(redis_server)
+    b = await instance(redis_server)
+
+    async def fill(q: str) -> None:
+        await a.fill(plan_for(a, chat(q), short), short, answer(q), embedder.embed_sync([q])[0])
+
+    for q in ("alpha question", "beta question", "gamma question"):
+        await fill(q)
+    await eventually(lambda: _ready(len(a.index) == len(b.index) == 3))
+    await asyncio.sleep(1.2)  # the TTL itself is what is under test
+    await fill("delta question")
+    await eventually(lambda: _ready(len(a.index) == len(b.index) == 1))
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_expired_entries_of_a_quiet_scope_are_swept(
+    redis_server: RedisServer, embedder: HashingEmbedder
+) -> None:
+    short = CachePolicy(
+        exact=False, semantic=SemanticCacheConfig(gate="cosine", threshold=0.95, ttl=1)
+    )
+    store = RedisStore(redis_server.url, timeout_s=0.5, block_ms=100, sweep_interval_s=0.1)
+    cache = ResponseCache(store, None)
+    await cache.start()
+    for q in ("alpha question", "beta question"):
+        vec = embedder.embed_sync([q])[0]
+        await cache.fill(plan_for(cache, chat(q), short), short, answer(q), vec)
+    assert len(cache.index) == 2
+    await eventually(lambda: _ready(len(cache.index) == 0), timeout_s=5.0)  # no store since
+    await cache.aclose()
+
+
 async def test_max_entries_evicts_oldest_everywhere(
     redis_server: RedisServer, embedder: HashingEmbedder
 ) -> None:

@@ -36,6 +36,13 @@ def body(text: str, **extra: Any) -> dict[str, Any]:
         ("how to track my package", []),
         ("My kid won't eat vegetables, any tips?", []),
         ("Is it now or never?", ["time"]),
+        # An emoji or symbol between "my" and the record, an invisible character anywhere.
+        ("Where is my \U0001f4e6 order?", ["personal"]),
+        ("Where is my\u200border?", ["personal"]),
+        ("Where is my\u200b\u200border?", ["personal"]),
+        ("What's my\u2060 balance?", ["personal"]),
+        ("What is the weather to\u00adday?", ["time"]),
+        ("How do I track my \U0001f4e6 order?", []),
     ],
 )
 def test_rules_fire_on_documented_words(text: str, names: list[str]) -> None:
@@ -83,6 +90,44 @@ def test_plans_follow_the_rules() -> None:
     assert personal.request is None and not personal.lookup and personal.rule == "personal"
     allowed = CachePolicy(semantic=SemanticCacheConfig(), rules=CacheRules(personal="semantic"))
     assert plan("Where is my order?", allowed).semantic
+
+
+def test_a_request_that_echoes_its_prompt_is_exact_only() -> None:
+    """echo (completions, vLLM chat) and prompt_logprobs return the prompt or its scores: a
+    semantic hit would return another user's prompt."""
+    cache = ResponseCache(InMemoryStore(), None, dim=8)
+    policy = CachePolicy(semantic=SemanticCacheConfig(gate="cosine"))
+    completion = {"model": "m", "prompt": "Say hi", "temperature": 0, "echo": True}
+    echoed = cache.plan(
+        completion,
+        policy,
+        tenant="t",
+        model_alias="m",
+        surface="s",
+        endpoint="completions",
+        query_text="Say hi",
+    )
+    assert echoed.request is not None and echoed.lookup and not echoed.semantic
+    assert echoed.rule == "echo"
+    for extra in ({"echo": True}, {"prompt_logprobs": 0}, {"prompt_logprobs": 5}):
+        chat = cache.plan(
+            body("Say hi", **extra),
+            policy,
+            tenant="t",
+            model_alias="m",
+            surface="s",
+            query_text="Say hi",
+        )
+        assert not chat.semantic and chat.rule == "echo", extra
+    plain = cache.plan(
+        body("Say hi", echo=False),
+        policy,
+        tenant="t",
+        model_alias="m",
+        surface="s",
+        query_text="Say hi",
+    )
+    assert plain.semantic and plain.rule is None
 
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}

@@ -49,6 +49,38 @@ async def test_a_reload_that_adds_a_cache_takes_effect(
     assert len(up.fake.requests) == 2
 
 
+async def test_a_reload_that_repoints_an_alias_starts_a_new_cache_scope(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """The cache scope holds what the alias resolves to (backend and upstream model), not
+    only its name: the old model's answers are not served for the new one."""
+    old, new = await make_fake(), await make_fake()
+    backends = {"old": vllm(old.url), "new": vllm(new.url)}
+    cached = {"default": {"cache": {"exact": True}}}
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        build_policy(backends, {"m": {"backend": "old", "model": "fake-model"}}, surfaces=cached)
+    )
+    gw = await make_gateway(path.read_text(), policy_path=path)
+    assert gw.runtime.cache is not None
+    await gw.client.chat.completions.create(model="m", messages=MESSAGES, temperature=0)
+    await gw.runtime.cache.drain()
+    path.write_text(
+        build_policy(backends, {"m": {"backend": "new", "model": "fake-model"}}, surfaces=cached)
+    )
+    assert (await reload(gw.root))[0] == 200
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, temperature=0
+    )
+    assert raw.headers["x-gateway-cache"] == "miss"
+    assert len(old.fake.requests) == 1 and len(new.fake.requests) == 1
+    await gw.runtime.cache.drain()
+    again = await gw.client.chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, temperature=0
+    )
+    assert again.headers["x-gateway-cache"] == "exact"  # the new model's answer, cached
+
+
 async def test_a_reload_naming_a_missing_artifact_is_refused(
     make_fake: FakeFactory, make_gateway: GatewayFactory, tmp_path: Path
 ) -> None:

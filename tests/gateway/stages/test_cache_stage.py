@@ -1,12 +1,14 @@
-"""The cache stage's span attributes: the outcome, the rule that applied, the gate's verdict."""
+"""The cache stage: span attributes (the outcome, the rule, the gate's verdict), what it stores."""
 
 from __future__ import annotations
+
+import json
 
 from cache.gate import GateVerdict
 from cache.index import Candidate
 from cache.keys import CacheScope, build_request
 from cache.semantic import CacheHit, CachePlan
-from gateway.stages.cache import Lookup
+from gateway.stages.cache import MAX_STORED_BYTES, Lookup, StreamCapture, storable
 
 
 def plan(rule: str | None = None, semantic: bool = True, cached: bool = True) -> CachePlan:
@@ -42,3 +44,28 @@ def test_rejections_rules_and_skips() -> None:
     exact = Lookup(plan(), CacheHit("exact", b"{}")).span_attributes()
     assert exact == {"cache": "exact"}
     assert Lookup(None).span_attributes() == {"cache": "skipped"}
+
+
+def test_one_size_bound_for_streamed_and_plain_answers() -> None:
+    """A non-streamed answer is kept up to the size a stream is kept at, not beyond."""
+
+    def completion(text: str) -> bytes:
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        return json.dumps({"object": "chat.completion", "choices": [choice]}).encode()
+
+    small = completion("hello")
+    assert storable(small)() == small
+    assert storable(completion("x" * MAX_STORED_BYTES))() is None
+    capture = StreamCapture()
+    capture.feed(b"data: " + b"x" * MAX_STORED_BYTES + b"\n\n")
+    assert capture.overflow and capture.assembled() is None
+
+
+def test_the_span_names_the_check_that_refused() -> None:
+    candidate = Candidate("e1", "What is the molar mass of CO?", 1.0)
+    verdict = GateVerdict(1, None, 1.0, 0.98, 0.88, "request", "case")
+    attrs = Lookup(plan(), None, verdict).span_attributes()
+    assert attrs["cache.gate"] == "rejected" and attrs["cache.refused_by"] == "case"
+    accepted = GateVerdict(1, candidate, 1.0, 0.98, 0.88, "request")
+    assert "cache.refused_by" not in Lookup(plan(), None, accepted).span_attributes()
