@@ -40,6 +40,13 @@ from gateway.protocol import strict_json
 
 _SERVER_TOOL = "server tools (such as web search or code execution) are not supported"
 _REJECTED = ("mcp_servers", "container")
+# Every top-level parameter the translation reads (or accepts without effect on the answer:
+# service_tier); any other is refused by name, as Anthropic does, never dropped without a word.
+_KNOWN = frozenset(
+    {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
+     "top_p", "top_k", "tools", "tool_choice", "metadata", "thinking", "output_config",
+     "service_tier", *_REJECTED}
+)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -71,6 +78,9 @@ def read_messages_request(body: dict[str, Any], count_only: bool = False) -> Mes
     for name in _REJECTED:
         if body.get(name):
             raise BadRequest(f"'{name}' is not supported", param=name)
+    for name in body:
+        if name not in _KNOWN:
+            raise BadRequest(f"{name}: Extra inputs are not permitted", param=name)
     messages = _system(body.get("system"))
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:

@@ -47,6 +47,18 @@ _REJECTED = {
 }
 
 
+# Every top-level parameter the translation reads, accepts without effect on the answer (the
+# README's table), or refuses with its own message; any other is refused by name, as OpenAI
+# does ("Unknown parameter"), never dropped without a word.
+_KNOWN = frozenset(
+    {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
+     "max_output_tokens", "temperature", "top_p", "top_logprobs", "reasoning", "user",
+     "safety_identifier", "stream", "stream_options", "store", "previous_response_id", "include",
+     "truncation", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+     "max_tool_calls", "background", *_REJECTED}
+)  # fmt: skip
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
@@ -99,6 +111,9 @@ def read_responses_request(body: dict[str, Any]) -> ResponsesRequest:
     for name, message in _REJECTED.items():
         if body.get(name) is not None:
             raise BadRequest(message, param=name)
+    for name in body:
+        if name not in _KNOWN:
+            raise BadRequest(f"Unknown parameter: '{name}'.", param=name, code="unknown_parameter")
     if body.get("background"):
         raise BadRequest("background responses are not supported", param="background")
     stream = _flag(body, "stream", False)

@@ -310,3 +310,41 @@ def test_cors_wildcard_with_credentials_is_refused(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 1
     assert "server.cors: allow_credentials with allow_origins '*'" in proc.stderr, proc.stderr
+
+
+async def test_unknown_parameters_of_translated_apis_are_refused_by_name(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """A parameter the translation does not read would change nothing: a 400 naming it, as the
+    providers answer, not an answer that silently ignored it (Responses has no ``seed``, ``n``
+    or ``stop``; Messages has no ``presence_penalty``)."""
+    up = await make_fake()
+    gw = await make_gateway(policy(up.url))
+    cases = [
+        ("/v1/responses", {"model": "m", "input": "hi", "seed": 1}, "seed"),
+        ("/v1/responses", {"model": "m", "input": "hi", "n": 3}, "n"),
+        ("/v1/responses", {"model": "m", "input": "hi", "frobnicate": 1}, "frobnicate"),
+        ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": QUESTION,
+                          "presence_penalty": 1}, "presence_penalty"),
+    ]  # fmt: skip
+    async with aiohttp.ClientSession() as s:
+        for path, body, name in cases:
+            async with s.post(gw.root + path, json=body) as r:
+                assert r.status == 400, (path, name)
+                answer = await r.json()
+                error = answer["error"]
+                assert name in error["message"]
+                if path == "/v1/responses":
+                    assert error["param"] == name and error["code"] == "unknown_parameter"
+                else:
+                    assert answer["type"] == "error" and error["type"] == "invalid_request_error"
+        known = [
+            ("/v1/responses", {"model": "m", "input": "hi", "service_tier": "auto",
+                               "prompt_cache_key": "k", "include": [], "metadata": {"a": "b"}}),
+            ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": QUESTION,
+                              "service_tier": "auto", "metadata": {"user_id": "u"}}),
+        ]  # fmt: skip
+        for path, body in known:
+            async with s.post(gw.root + path, json=body) as r:
+                assert r.status == 200, (path, await r.text())
+    assert len(up.fake.requests) == 2  # the refused ones never went upstream
