@@ -138,12 +138,28 @@ def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
     path = request.rel_url.raw_path  # as sent: "/v1/chat%2Fcompletions" is not a route
     message = exc.reason if exc.status != 404 else f"unknown route {request.method} {path}"
     headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-    if path.startswith("/v1/messages") or "anthropic-version" in request.headers:
-        body = messages_out.error_body(messages_out.error_status(exc.status), message)
-        return web.json_response(body, status=exc.status, headers=headers)
     type_ = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
-    body = error_body(message, type_.get(exc.status, "invalid_request_error"))
-    return web.json_response(body, status=exc.status, headers=headers)
+    return _api_error(
+        request, exc.status, message, type_.get(exc.status, "invalid_request_error"), None, headers
+    )
+
+
+def _api_error(
+    request: web.Request,
+    status: int,
+    message: str,
+    type_: str,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """An error answered before a route's handler runs, in the caller's API: Anthropic's on its
+    routes (or with ``anthropic-version``), else OpenAI's."""
+    if request.rel_url.raw_path.startswith("/v1/messages") or (
+        "anthropic-version" in request.headers
+    ):
+        body = messages_out.error_body(messages_out.error_status(status), message)
+        return web.json_response(body, status=status, headers=headers)
+    return web.json_response(error_body(message, type_, code), status=status, headers=headers)
 
 
 def _internal_error(request: web.Request, request_id: str) -> web.Response:
@@ -230,15 +246,13 @@ async def expect_continue(request: web.Request) -> web.Response | None:
     if request.version != HttpVersion11:
         return None
     if request.headers.get("Expect", "").lower() != "100-continue":
-        error = error_body("only 'Expect: 100-continue' is understood", "invalid_request_error")
-        response = web.json_response(error, status=417)
+        message = "only 'Expect: 100-continue' is understood"
+        response = _api_error(request, 417, message, "invalid_request_error")
     elif (length := request.content_length) is not None and length > (
         limit := request.app[LIVE].current.policy.server.max_body_bytes
     ):
         message = f"request body is over server.max_body_bytes ({limit} bytes)"
-        response = web.json_response(
-            error_body(message, "invalid_request_error", "body_too_large"), status=413
-        )
+        response = _api_error(request, 413, message, "invalid_request_error", "body_too_large")
     else:
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0

@@ -208,10 +208,12 @@ async def test_expect_is_answered_before_the_body_is_sent(
     up = await make_fake()
     gw = await make_gateway(policy(up.url, max_body_bytes=2048))
 
-    async def head_only(*headers: bytes) -> bytes:
+    async def head_only(*headers: bytes, path: bytes = b"/v1/chat/completions") -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw.root))
         writer.write(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST "
+            + path
+            + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             + b"Authorization: Bearer "
             + KEY.encode()
             + b"\r\n"
@@ -221,7 +223,7 @@ async def test_expect_is_answered_before_the_body_is_sent(
         first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
         if first.startswith(b"HTTP/1.1 100"):
             writer.write(json.dumps(GOOD).encode())
-            first += await asyncio.wait_for(reader.read(65536), 5)
+        first += await asyncio.wait_for(reader.read(65536), 5)
         writer.close()
         return first
 
@@ -229,6 +231,16 @@ async def test_expect_is_answered_before_the_body_is_sent(
     assert big.startswith(b"HTTP/1.1 413") and b"100 Continue" not in big
     odd = await head_only(b"Expect: 999-foo\r\n", b"Content-Length: 10\r\n")
     assert odd.startswith(b"HTTP/1.1 417") and b"application/json" in odd
+    # on Anthropic's route, in Anthropic's format (curl sends Expect for bodies over 1 MiB)
+    for expect, kind in (
+        (b"100-continue", "request_too_large"),
+        (b"999-foo", "invalid_request_error"),
+    ):
+        answer = await head_only(
+            b"Expect: " + expect + b"\r\n", b"Content-Length: 5000000\r\n", path=b"/v1/messages"
+        )
+        body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+        assert body["type"] == "error" and body["error"]["type"] == kind
     length = str(len(json.dumps(GOOD))).encode()
     fine = await head_only(b"Expect: 100-continue\r\n", b"Content-Length: " + length + b"\r\n")
     assert fine.startswith(b"HTTP/1.1 100 Continue") and b"HTTP/1.1 200" in fine
