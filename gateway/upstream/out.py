@@ -58,6 +58,11 @@ class ClientDialect(Protocol):
         ...
 
 
+# An error event's code, as the JSON answer for the same failure names it (a string, as in
+# OpenAI's error objects), when the caller gives none.
+_STATUS_CODES = {502: "bad_gateway", 503: "service_unavailable", 504: "timeout"}
+
+
 class StreamOut:
     """The client's side of a stream: the bytes as they came, or re-told by a dialect."""
 
@@ -113,7 +118,8 @@ class StreamOut:
         if self._encoder is not None:
             data = self._encoder.fail(message)
         else:
-            data = b"data: " + error_bytes(message, type_, code or status) + b"\n\n"
+            code = code if code is not None else _STATUS_CODES.get(status, "bad_gateway")
+            data = b"data: " + error_bytes(message, type_, code) + b"\n\n"
         with contextlib.suppress(ConnectionResetError):
             await self._resp.write(data)
 

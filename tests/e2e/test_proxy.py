@@ -318,6 +318,7 @@ async def test_error_after_stream_began_is_a_final_sse_error_event(
             seen.append(chunk.choices[0].delta.content)
     assert seen == ["tok0 ", "tok1 "]
     assert "upstream" in info.value.message
+    assert info.value.code == "bad_gateway"  # a string, as the JSON answer's (not 502)
 
 
 async def test_client_disconnect_closes_upstream_within_a_second(
