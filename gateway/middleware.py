@@ -76,6 +76,8 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         raise
     except GatewayError as exc:
         response = web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+        if exc.status == 408:  # the body stopped coming: what follows on this connection is
+            response.force_close()  # the rest of it, never a next request
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -83,9 +83,13 @@ async def test_slow_body_gets_408(make_fake: FakeFactory, make_gateway: GatewayF
     for _ in range(2):  # a byte now and then: the whole body never arrives
         await asyncio.sleep(0.15)
         writer.write(b" ")
-    data, _ = await closed_within(reader, 5)
+    writer.write(b" " * 100)  # more body after the 408: never read as a next request
+    data, elapsed = await closed_within(reader, 5)
     assert data.startswith(b"HTTP/1.1 408"), data
     assert b'"request_timeout"' in data
+    assert b"connection: close" in data.lower() and data.count(b"HTTP/1.1") == 1
+    # closed after aiohttp's lingering read of the rest (2 s), not after another head timeout
+    assert elapsed < 4
     writer.close()
     assert fake.fake.requests == []
 
