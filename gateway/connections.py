@@ -97,7 +97,7 @@ _REFUSED = (
 
 def _refusal() -> bytes:
     body = error_bytes(
-        "the gateway is at its connection limit (server.max_connections); retry shortly",
+        "the gateway is at its connection limit (server.max_client_connections); retry shortly",
         "service_unavailable",
         "too_many_connections",
     )

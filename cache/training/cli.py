@@ -21,7 +21,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
             "text_a, looks up its text_b through the gateway's own cache code at the operating "
             "point for --max-false-hit-rate and --min-precision (or the policy's semantic "
             "settings), and "
-            "prints precision, recall and false-hit rate with 95%% Wilson intervals, overall and "
+            "prints precision, recall and false-hit rate with 95% Wilson intervals, overall and "
             "per source, next to cosine alone (its best threshold on these pairs, RedisVL's "
             "default 0.9 and GPTCache's 0.8) on the same pairs and the same embedding."
         ),

@@ -42,7 +42,7 @@ class AnthropicProvider:
         if parsed.endpoint is not Endpoint.CHAT:
             raise BadRequest(
                 f"model '{parsed.model}' is served by the Anthropic backend '{self.backend}', "
-                f"which answers /v1/chat/completions only, not /v1/{parsed.endpoint.value}",
+                f"which answers chat, Responses and Messages requests, not /v1/{parsed.endpoint.value}",
                 param="model",
             )
         request = to_messages_request(
