@@ -297,10 +297,10 @@ async def test_what_anthropic_cannot_do_is_400_before_any_upstream_call(
     assert info.value.param == "logit_bias"
     with pytest.raises(openai.BadRequestError) as info:
         await gw.client.completions.create(model="c", prompt="once upon")
-    assert "/v1/chat/completions only" in info.value.message
+    assert "answers chat, Responses and Messages requests" in info.value.message
     with pytest.raises(openai.BadRequestError) as info:
         await gw.client.embeddings.create(model="c", input="x")
-    assert "/v1/chat/completions only" in info.value.message
+    assert "answers chat, Responses and Messages requests" in info.value.message
     assert up.fake.requests == []
 
 

@@ -266,5 +266,5 @@ def test_provider_builds_the_body_and_refuses_other_endpoints() -> None:
     ):
         with pytest.raises(BadRequest) as info:
             provider.body(parse_request(endpoint, json.dumps(body).encode()), "claude-x", None)
-        assert "/v1/chat/completions only" in info.value.message
+        assert "answers chat, Responses and Messages requests" in info.value.message
     assert "x-api-key" not in AnthropicProvider("claude", None, 1000).headers
