@@ -124,19 +124,33 @@ def _split_compound(tok: Token, a: list[Token]) -> list[Token] | None:
     return None
 
 
-@lru_cache(maxsize=16384)
+# Inverted pairs of shared content words examined (each for a pivot between it): a paraphrase
+# moves a clause or two, a few dozen pairs; past this the pair is a reshuffle, the feature is
+# saturated, and the examination (linear in the text per pair) would grow with the cube of it.
+MAX_INVERSIONS = 256
+
+
+# Texts whose tokens are remembered: questions, which recur (a stored one is compared with
+# every near query). The memory is bounded by both: 4,096 texts of at most 512 characters (a
+# longer text is tokenized again when compared: milliseconds, and it is rarely compared).
+_REMEMBERED = 4096
+_REMEMBERED_CHARS = 512
+
+
+@lru_cache(maxsize=_REMEMBERED)
 def _shared_tokens(text: str) -> tuple[Token, ...]:
     return tuple(tokenize(text, Lexicon.shared()))
 
 
 def prepare(text: str) -> None:
     """Tokenize a stored text ahead of its first comparison (remembered, as in ``_tokens``)."""
-    _shared_tokens(text)
+    if len(text) <= _REMEMBERED_CHARS:
+        _shared_tokens(text)
 
 
 def _tokens(text: str, lexicon: Lexicon) -> list[Token]:
-    """Tokens of a text; with the process's lexicon, remembered (stored questions recur)."""
-    if lexicon is Lexicon.shared():
+    """Tokens of a text; with the process's lexicon and a short text, remembered."""
+    if lexicon is Lexicon.shared() and len(text) <= _REMEMBERED_CHARS:
         return list(_shared_tokens(text))
     return tokenize(text, lexicon)
 
@@ -241,11 +255,15 @@ def _order(diff: PairDiff, pos_in_b: list[tuple[int, int]]) -> None:
     content = [(i, j) for i, j in pos_in_b if diff.a[i].is_content]
     fronting = diff.runs == 2  # one clause moved to the other end: no pivot can lie between
     for x in range(len(content)):
+        if diff.content_inversions >= MAX_INVERSIONS:
+            break  # far from any paraphrase already: the counts saturate, the cost stays bounded
         for y in range(x + 1, len(content)):
             (ia, ja), (ib, jb) = content[x], content[y]
             if ja <= jb:
                 continue
             diff.content_inversions += 1
+            if diff.content_inversions > MAX_INVERSIONS:
+                break
             between_a = {k for k, _ in pos_in_b if ia < k < ib}
             between_b = {i for i, j in pos_in_b if jb < j < ja}
             pivots = between_a & between_b

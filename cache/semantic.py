@@ -42,6 +42,12 @@ from policies.cache import CachePolicy, SemanticCacheConfig
 
 log = logging.getLogger(__name__)
 
+# A user's text longer than this is cached exactly only. The embedder reads its first 256 tokens
+# (about 1,000 characters of English), so a near neighbour says little about the rest; and the
+# gate's word alignment, though bounded, costs up to ~0.15 s a candidate on 4,000 characters of
+# random tokens, on the search thread every lookup shares.
+MAX_SEMANTIC_CHARS = 4000
+
 # The request's embedding when the lookup needs it: awaited only after the exact key missed, so
 # an embedding set computing before the lookup runs while the exact key is read.
 EmbeddingSource = Callable[[], Awaitable[Vector | None]]
@@ -259,6 +265,8 @@ class ResponseCache:
         mode, rule = rules.mode_for(policy.rules, rules.fired(body, request.query_text))
         if mode == "semantic" and rules.echoes_prompt(body):
             mode, rule = "exact", "echo"
+        elif mode == "semantic" and len(request.query_text or "") > MAX_SEMANTIC_CHARS:
+            mode, rule = "exact", "long"
         if mode == "off":
             return CachePlan(None, False, False, skipped=f"rule:{rule}", semantic=False, rule=rule)
         return CachePlan(request, lookup, fill, semantic=mode == "semantic", rule=rule)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+import time
+
 import pytest
 
-from cache.diff import align
+from cache.diff import MAX_INVERSIONS, align
 from cache.lexicon import Lexicon
 from cache.pairfeatures import FEATURE_NAMES, pair_features, relation
 from cache.words import edit_distance, prefix_contrast
@@ -111,3 +114,17 @@ def test_edit_distance() -> None:
     assert edit_distance("chnage", "change") == 1  # one transposition
     assert edit_distance("kitten", "sitting") == 3
     assert edit_distance("a", "abcdefgh", limit=2) == 3  # stops early above the limit
+
+
+def test_aligning_texts_of_random_tokens_stays_bounded() -> None:
+    """Random hex words (ids, hashes, keys pasted in a prompt) share digits and letters in every
+    order: the inversions of shared words grow with the square of the text, and examining each
+    for a pivot made the alignment cubic (6.6 KB: 113 s, on the thread every lookup shares).
+    The examination stops at MAX_INVERSIONS; the count saturates there."""
+    rng = random.Random(7)
+    a = " ".join(f"{rng.getrandbits(128):032x}" for _ in range(100))  # 3.3 KB
+    b = " ".join(f"{rng.getrandbits(128):032x}" for _ in range(100))
+    started = time.process_time()
+    diff = align(a, b, Lexicon.shared())
+    assert time.process_time() - started < 2.0  # 9.8 s before; ~0.1 s now
+    assert diff.content_inversions == MAX_INVERSIONS + 1

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from cache import rules
-from cache.semantic import ResponseCache
+from cache.semantic import MAX_SEMANTIC_CHARS, ResponseCache
 from cache.store import InMemoryStore
 from policies.cache import CachePolicy, CacheRules, SemanticCacheConfig
 
@@ -216,3 +216,17 @@ def test_rules_keep_a_dialect_or_multimodal_personal_question_out_of_the_cache()
         surface="s",
     )
     assert timely.request is not None and not timely.semantic and timely.rule == "time"
+
+
+def test_a_long_user_text_is_exact_only() -> None:
+    """The embedder reads a text's first 256 tokens; past MAX_SEMANTIC_CHARS a near neighbour
+    says little about the rest, so such a request is cached exactly only."""
+    cache = ResponseCache(InMemoryStore(), None, dim=8)
+    policy = CachePolicy(semantic=SemanticCacheConfig(gate="cosine"))
+    long_text = "word " * (MAX_SEMANTIC_CHARS // 5 + 1)
+    plans = [
+        cache.plan(body(text), policy, tenant="t", model_alias="m", surface="s", query_text=text)
+        for text in (long_text, long_text[:MAX_SEMANTIC_CHARS])
+    ]
+    assert plans[0].lookup and not plans[0].semantic and plans[0].rule == "long"
+    assert plans[1].semantic
