@@ -49,6 +49,11 @@ async def notify(sinks: list[IndexSink], change: Callable[[IndexSink], object]) 
         await asyncio.to_thread(lambda: [change(sink) for sink in sinks])
 
 
+def _remove_all(sink: IndexSink, entry_ids: list[str]) -> None:
+    for entry_id in entry_ids:
+        sink.remove(entry_id)
+
+
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
     scope: CacheScope
@@ -95,15 +100,24 @@ class InMemoryStore:
     """One process, no persistence: the default when no Redis is configured.
 
     ``max_exact_entries`` bounds the exact entries (least recently used go first);
-    semantic entries are bounded per scope by the policy's ``max_entries``.
+    semantic entries are bounded per scope by the policy's ``max_entries``. ``max_bytes``
+    bounds the stored answers of both together (``cache_store.max_memory_bytes``): past it the
+    least recently used exact answers go first, then the oldest semantic entries (first stored,
+    so first to expire under one TTL), whatever their scope.
     """
 
-    def __init__(self, max_exact_entries: int = 100_000) -> None:
+    def __init__(self, max_exact_entries: int = 100_000, max_bytes: int = 256 << 20) -> None:
         self._exact: OrderedDict[tuple[CacheScope, str], _MemEntry] = OrderedDict()
-        self._entries: dict[str, _MemEntry] = {}
+        self._entries: dict[str, _MemEntry] = {}  # in the order stored
         self._by_scope: dict[CacheScope, dict[str, float]] = {}
         self._max_exact = max_exact_entries
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._sinks: list[IndexSink] = []
+
+    @property
+    def stored_bytes(self) -> int:
+        return self._bytes
 
     @property
     def available(self) -> bool:
@@ -123,16 +137,39 @@ class InMemoryStore:
         if found is None:
             return None
         if found.expires_at <= time.time():
-            del self._exact[(scope, key)]
+            self._pop_exact((scope, key))
             return None
         self._exact.move_to_end((scope, key))
         return StoredResponse(found.scope, found.response)
 
     async def put_exact(self, scope: CacheScope, key: str, response: bytes, ttl_s: int) -> None:
+        if len(response) > self._max_bytes:
+            return  # never fits: stored, it would push out everything else
+        self._pop_exact((scope, key))
         self._exact[(scope, key)] = _MemEntry(scope, response, time.time() + ttl_s)
-        self._exact.move_to_end((scope, key))
+        self._bytes += len(response)
         while len(self._exact) > self._max_exact:
-            self._exact.popitem(last=False)
+            self._pop_exact(next(iter(self._exact)))
+        doomed = self._shed()
+        if doomed:
+            await notify(self._sinks, lambda sink: _remove_all(sink, doomed))
+
+    def _pop_exact(self, key: tuple[CacheScope, str]) -> None:
+        found = self._exact.pop(key, None)
+        if found is not None:
+            self._bytes -= len(found.response)
+
+    def _shed(self) -> list[str]:
+        """Past ``max_bytes``: exact answers (least recently used), then semantic entries (the
+        oldest); the semantic ids dropped, for the index."""
+        doomed: list[str] = []
+        while self._bytes > self._max_bytes and self._exact:
+            self._pop_exact(next(iter(self._exact)))
+        while self._bytes > self._max_bytes and self._entries:
+            entry_id = next(iter(self._entries))
+            self._forget(entry_id)
+            doomed.append(entry_id)
+        return doomed
 
     async def get_response(self, scope: CacheScope, entry_id: str) -> StoredResponse | None:
         found = self._entries.get(entry_id)
@@ -146,8 +183,12 @@ class InMemoryStore:
     async def put_entry(
         self, entry: IndexEntry, response: bytes, ttl_s: int, max_entries: int
     ) -> None:
+        if len(response) > self._max_bytes:
+            return
         now = time.time()
+        self._forget(entry.entry_id)
         self._entries[entry.entry_id] = _MemEntry(entry.scope, response, entry.expires_at)
+        self._bytes += len(response)
         members = self._by_scope.setdefault(entry.scope, {})
         members[entry.entry_id] = entry.expires_at
         doomed = [eid for eid, exp in members.items() if exp <= now]
@@ -157,6 +198,7 @@ class InMemoryStore:
             doomed = [eid for eid, _ in ranked[: len(members) - max_entries]]
         for entry_id in doomed:
             self._forget(entry_id)
+        doomed += self._shed()
 
         def update_index() -> None:
             for sink in self._sinks:
@@ -170,13 +212,13 @@ class InMemoryStore:
         prefix = scope_prefix(tenant, namespace)
         removed = 0
         for key in [k for k in self._exact if k[0].path().startswith(prefix)]:
-            del self._exact[key]
+            self._pop_exact(key)
             removed += 1
         for scope in [s for s in self._by_scope if s.path().startswith(prefix)]:
-            for entry_id in list(self._by_scope[scope]):
-                self._entries.pop(entry_id, None)
+            for entry_id in list(self._by_scope.get(scope, ())):
+                self._forget(entry_id)
                 removed += 1
-            del self._by_scope[scope]
+            self._by_scope.pop(scope, None)
         await notify(self._sinks, lambda sink: sink.purge(prefix))
         return removed
 
@@ -188,6 +230,7 @@ class InMemoryStore:
     def _forget(self, entry_id: str) -> None:
         found = self._entries.pop(entry_id, None)
         if found is not None:
+            self._bytes -= len(found.response)
             members = self._by_scope.get(found.scope)
             if members is not None:
                 members.pop(entry_id, None)

@@ -151,6 +151,9 @@ class CacheStoreConfig(Strict):
 
     redis_url: str | None = None  # None or "": shared_state.redis_url, else in memory
     timeout_ms: float = Field(50.0, gt=0)  # a slower store is skipped, the request goes on
+    # In memory only: the stored answers' bytes, exact and semantic together (least recently
+    # used exact answers go first, then the oldest semantic entries). Redis: its maxmemory.
+    max_memory_bytes: int = Field(256 * 1024 * 1024, ge=1024 * 1024)
     prefix: str = "lgw:cache"
     embedder_backend: Literal["auto", "onnx", "torch"] = "auto"
     # Threads one embedding may use; None: min(2, the cores this process may run on). Two

@@ -215,7 +215,7 @@ class CacheStage:
         if redis_url:
             store = RedisStore(redis_url, prefix=config.prefix, timeout_s=config.timeout_ms / 1000)
         else:
-            store = InMemoryStore()
+            store = InMemoryStore(max_bytes=config.max_memory_bytes)
         verifier = await asyncio.to_thread(Verifier.load)
         cache = ResponseCache(store, verifier, dim=dim)
         await cache.start()
