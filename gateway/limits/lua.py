@@ -138,7 +138,7 @@ local now = now_ms(ARGV[1])
 local na, nr = tonumber(ARGV[2]), tonumber(ARGV[3])
 local lease = ARGV[4]
 if ARGV[5] ~= '' then
-  if not redis.call('SET', KEYS[#KEYS], 1, 'NX', 'EX', 86400) then return -1 end
+  if not redis.call('SET', KEYS[#KEYS], 1, 'NX', 'EX', 3600) then return -1 end
 end
 local groups = tonumber(ARGV[6])
 local a = 7

@@ -106,8 +106,8 @@ class SettleRequest:
     usage: tuple[UsageAdd, ...] = ()
     now_ms: int | None = None
     # Sent again after an answer was lost, a settlement with an id runs at most once: the
-    # store keeps ``done_key`` for a day. Without one (the memory store never loses answers)
-    # it simply runs.
+    # store keeps ``done_key`` for an hour (one key per settled request: a day held 8.6 M keys
+    # at 100 req/s). Without one (the memory store never loses answers) it simply runs.
     id: str = ""
     done_key: str = ""
 
