@@ -74,6 +74,7 @@ class CacheStats:
     unavailable: int = 0  # lookups or fills skipped because the store did not answer
     stored: int = 0
     errors: int = 0  # unexpected exceptions (bugs): logged, counted, never raised
+    shed: int = 0  # answers not kept: too many fills were waiting for the store or embedder
 
 
 @dataclass(frozen=True, slots=True)

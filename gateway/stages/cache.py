@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("llm_gateway.cache")
 
 MAX_STORED_BYTES = 4 * 1024 * 1024  # answers longer than this, streamed or not, are not cached
+# Fills waiting for the store or the embedder (each holds its answer, up to MAX_STORED_BYTES):
+# past this many, a new answer is not kept rather than queued without bound.
+MAX_PENDING_FILLS = 256
 ZERO_USAGE: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 
@@ -264,6 +267,9 @@ class CacheStage:
         plan = lookup.plan
         if plan is None or not lookup.fills:
             return
+        if len(self._tasks) >= MAX_PENDING_FILLS:
+            self.cache.stats.shed += 1  # the store or the embedder is behind: not kept
+            return
 
         async def fill() -> None:
             try:
@@ -324,6 +330,7 @@ _STATS = (
     "unavailable",
     "stored",
     "errors",
+    "shed",
 )
 
 

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from typing import cast
 
 from cache.gate import GateVerdict
 from cache.index import Candidate
 from cache.keys import CacheScope, build_request
 from cache.semantic import CacheHit, CachePlan
-from gateway.stages.cache import MAX_STORED_BYTES, Lookup, StreamCapture, storable
+from gateway.call import Call
+from gateway.stages.cache import (
+    MAX_PENDING_FILLS,
+    MAX_STORED_BYTES,
+    CacheStage,
+    Lookup,
+    StreamCapture,
+    storable,
+)
+from policies.cache import CachePolicy, CacheStoreConfig
 
 
 def plan(rule: str | None = None, semantic: bool = True, cached: bool = True) -> CachePlan:
@@ -69,3 +80,27 @@ def test_the_span_names_the_check_that_refused() -> None:
     assert attrs["cache.gate"] == "rejected" and attrs["cache.refused_by"] == "case"
     accepted = GateVerdict(1, candidate, 1.0, 0.98, 0.88, "request")
     assert "cache.refused_by" not in Lookup(plan(), None, accepted).span_attributes()
+
+
+async def test_fills_past_the_pending_bound_are_shed_not_queued() -> None:
+    """Each waiting fill holds its answer: with MAX_PENDING_FILLS waiting (a store or an
+    embedder behind), a new answer is not kept, and counted, rather than queued without bound."""
+    stage = await CacheStage.open(CacheStoreConfig(), None, 8)
+
+    async def waiting() -> None:
+        await asyncio.Event().wait()
+
+    blockers = [asyncio.create_task(waiting()) for _ in range(MAX_PENDING_FILLS)]
+    stage._tasks.update(blockers)  # fills still waiting
+    exact_only = CachePolicy()
+    answer = json.dumps({"choices": []}).encode()
+    stage.fill_later(cast(Call, None), Lookup(plan(semantic=False)), exact_only, lambda: answer)
+    assert stage.cache.stats.shed == 1 and stage.cache.stats.stored == 0
+    for blocker in blockers:
+        blocker.cancel()
+    await asyncio.gather(*blockers, return_exceptions=True)
+    stage._tasks.difference_update(blockers)
+    stage.fill_later(cast(Call, None), Lookup(plan(semantic=False)), exact_only, lambda: answer)
+    await stage.drain()
+    assert stage.cache.stats.stored == 1 and stage.cache.stats.shed == 1
+    await stage.aclose()
