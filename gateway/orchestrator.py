@@ -86,43 +86,42 @@ class Orchestrator:
         return await self.run(self.call_for(request, rt, tenant, dialect.parsed, dialect))
 
     async def run(self, call: Call) -> web.StreamResponse:
+        # One coroutine frame, not a wrapper around another: every resumption of the request
+        # passes through each frame on its stack.
         try:
-            return await self._run(call)
+            rt = call.rt
+            # An attempt a stage left open is released when this ends (``Call.leases``).
+            with self.recorder.outcome(call) as done, call.leases:
+                targets = rt.targets(call.parsed.model, call.parsed.endpoint)  # unknown model: 404
+                call.request[LABELS_KEY] = (call.parsed.model, "", "")
+                # The tenant's limits and budget (429 here); its usage and cost when this ends.
+                async with self.limits.limited(call, targets) as quota:
+                    lookup = await self.look_up(call)  # exact, then semantic cache
+                    if lookup.hit is not None:
+                        response = done(await self.serve_cached(call, lookup, quota))
+                        self.audit_cache(call, lookup, targets)  # a sampled semantic hit, re-asked
+                        return response
+                    # Tiered aliases: small or large, or cascade (neither under a budget downgrade)
+                    tier = None if quota.downgraded else await self.choose_tier(call)
+                    targets = tier.targets if tier is not None else quota.targets
+                    with await self.admit(call, targets[0]):  # priority admission
+                        if tier is not None and tier.cascade:
+                            served = await self.serve_cascade(call, tier, lookup, quota)
+                        else:
+                            served = await self.serve_direct(call, targets, tier, lookup, quota)
+                    self.recorder.record(call, served)  # latency per replica, the SLO, the span
+                    self.fill_cache(call, lookup, served, quota)  # in the background, if it fits
+                    return done(served.relayed)
         except asyncio.CancelledError as exc:
-            # The server's drain reached its bound before an answer began: a 503 to retry
-            # elsewhere, not a dropped connection (a stream already begun is ended by the relay).
             if not stopping(exc) or call.request.get(ANSWER_STARTED):
                 raise
+            # The server's drain reached its bound before an answer began: a 503 to retry
+            # elsewhere, not a dropped connection (a stream already begun is ended by the relay).
             if (task := asyncio.current_task()) is not None:
                 task.uncancel()
             raise Unavailable(
                 "the gateway is shutting down; retry the request", headers={"Retry-After": "1"}
             ) from None
-
-    async def _run(self, call: Call) -> web.StreamResponse:
-        rt = call.rt
-        # An attempt a stage left open is released when this ends (``Call.leases``).
-        with self.recorder.outcome(call) as done, call.leases:
-            targets = rt.targets(call.parsed.model, call.parsed.endpoint)  # unknown model: 404
-            call.request[LABELS_KEY] = (call.parsed.model, "", "")
-            # The tenant's limits and budget (429 here); its usage and cost when this ends.
-            async with self.limits.limited(call, targets) as quota:
-                lookup = await self.look_up(call)  # exact, then semantic cache
-                if lookup.hit is not None:
-                    response = done(await self.serve_cached(call, lookup, quota))
-                    self.audit_cache(call, lookup, targets)  # a sampled semantic hit, re-asked
-                    return response
-                # Tiered aliases: small or large, or cascade (a spent budget's downgrade: neither)
-                tier = None if quota.downgraded else await self.choose_tier(call)
-                targets = tier.targets if tier is not None else quota.targets
-                with await self.admit(call, targets[0]):  # priority admission
-                    if tier is not None and tier.cascade:
-                        served = await self.serve_cascade(call, tier, lookup, quota)
-                    else:
-                        served = await self.serve_direct(call, targets, tier, lookup, quota)
-                self.recorder.record(call, served)  # latency per replica, the SLO, the span
-                self.fill_cache(call, lookup, served, quota)  # in the background, if it fits
-                return done(served.relayed)
 
     # --- 1. who, what, which surface ----------------------------------------------------------
 
