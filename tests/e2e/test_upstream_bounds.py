@@ -12,7 +12,14 @@ import openai
 import pytest
 from aiohttp import web
 
-from tests.conftest import FakeFactory, GatewayFactory, build_policy, serve, vllm
+from tests.conftest import (
+    FakeFactory,
+    GatewayFactory,
+    RunningGateway,
+    build_policy,
+    serve,
+    vllm,
+)
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
@@ -137,10 +144,10 @@ async def _long_stream(url: str, started: asyncio.Event) -> None:
         await r.read()
 
 
-@pytest.mark.parametrize("client", ["lean", "aiohttp"])
-async def test_a_busy_connection_pool_is_never_the_replicas_failure(
+async def _busy_pair(
     make_gateway: GatewayFactory, client: str
-) -> None:
+) -> tuple[Busy, list[tuple[web.AppRunner, str]], RunningGateway]:
+    """Two replicas behind one connection each, round robin, ejected after one failure."""
     busy = Busy()
     runners = [await serve(busy.app(i)) for i in range(2)]
     urls = [url for _, url in runners]
@@ -150,6 +157,14 @@ async def test_a_busy_connection_pool_is_never_the_replicas_failure(
         timeouts={"first_byte_s": 0.4}, routing={"strategy": "round_robin"},
     )  # fmt: skip
     gw = await make_gateway(build_policy({"up": backend}, {"m": {"backend": "up"}}))
+    return busy, runners, gw
+
+
+@pytest.mark.parametrize("client", ["lean", "aiohttp"])
+async def test_a_busy_connection_pool_is_never_the_replicas_failure(
+    make_gateway: GatewayFactory, client: str
+) -> None:
+    busy, runners, gw = await _busy_pair(make_gateway, client)
     streams: list[asyncio.Task[None]] = []
     try:
         for expected_hits in ([0, 1], [1, 1]):
@@ -191,15 +206,7 @@ async def test_a_busy_connection_pool_is_never_the_replicas_failure(
 async def test_a_replica_with_a_free_connection_is_preferred_to_a_wait(
     make_gateway: GatewayFactory, client: str
 ) -> None:
-    busy = Busy()
-    runners = [await serve(busy.app(i)) for i in range(2)]
-    urls = [url for _, url in runners]
-    backend = vllm(
-        *urls, max_connections=1, http_client=client,
-        health={"active": False, "eject_after": 1, "cooldown_s": 60},
-        timeouts={"first_byte_s": 0.4}, routing={"strategy": "round_robin"},
-    )  # fmt: skip
-    gw = await make_gateway(build_policy({"up": backend}, {"m": {"backend": "up"}}))
+    busy, runners, gw = await _busy_pair(make_gateway, client)
     started = asyncio.Event()
     stream = asyncio.create_task(_long_stream(gw.base_url, started))
     try:

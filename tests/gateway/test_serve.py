@@ -4,12 +4,14 @@ flag errors it answers with one line (never a traceback)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import openai
@@ -40,6 +42,24 @@ def _free_port() -> int:
         return port
 
 
+@contextlib.asynccontextmanager
+async def _serving(policy: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
+    """``SERVE`` on a free port, listening; killed at the end if the test left it running."""
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SERVE.format(drain_s=DRAIN_S), str(policy), str(port),
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        await asyncio.wait_for(proc.stdout.readline(), 30)  # listening
+        yield proc, port
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
 async def test_sigterm_ends_streams_still_open_at_the_drain_bound(
     make_fake: FakeFactory, tmp_path: Path
 ) -> None:
@@ -55,14 +75,7 @@ async def test_sigterm_ends_streams_still_open_at_the_drain_bound(
             {"m": {"backend": "up", "model": "fake-model"}, "s": {"backend": "slow"}},
         )
     )
-    port = _free_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", SERVE.format(drain_s=DRAIN_S), str(policy), str(port),
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        await asyncio.wait_for(proc.stdout.readline(), 30)  # listening
+    async with _serving(policy) as (proc, port):
         client = openai.AsyncOpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0
         )
@@ -87,10 +100,6 @@ async def test_sigterm_ends_streams_still_open_at_the_drain_bound(
         assert time.monotonic() - started < DRAIN_S + 1.0
         assert received < 100
         await client.close()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:
@@ -153,14 +162,7 @@ async def test_a_surface_deadline_under_uvloop_ends_streams_gracefully(
             },
         )
     )
-    port = _free_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", SERVE.format(drain_s=DRAIN_S), str(policy), str(port),
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        await asyncio.wait_for(proc.stdout.readline(), 30)
+    async with _serving(policy) as (_, port):
         client = openai.AsyncOpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0,
             default_headers={"X-Surface": "fast"},
@@ -179,6 +181,3 @@ async def test_a_surface_deadline_under_uvloop_ends_streams_gracefully(
         for _ in range(6):
             assert await asyncio.gather(*(one() for _ in range(10))) == ["length"] * 10
         await client.close()
-    finally:
-        proc.terminate()
-        await proc.wait()
