@@ -11,7 +11,8 @@ to retry in 0.5 s...). With ``gzip`` every answer is compressed whatever the cli
 CDNs do. Nothing is random. Like vLLM it also serves ``POST /tokenize`` and ``POST
 /v1/responses`` (``bench.fake_responses``). Usage is reported as ``prompt_tokens`` /
 ``completion_tokens`` (``cached_tokens`` of the prompt in ``prompt_tokens_details``; none with
-``report_usage: False``); ``headers`` go on every answer (e.g. ``x-ratelimit-*``).
+``report_usage: False``); ``headers`` go on every answer (e.g. ``x-ratelimit-*``). The
+``tool_calls`` it adds can take the shapes other servers send (``tool_call_style``).
 Run standalone: ``python -m bench.fake_upstream --port 9000 --latency-ms 1 --chunks 64``.
 """
 
@@ -46,8 +47,14 @@ class FakeSettings:
     report_usage: bool = True  # False: an upstream that reports no usage at all
     headers: dict[str, str] = field(default_factory=dict)  # sent with every answer
     tool_calls: int = 0  # chat answers also call this many tools (finish_reason tool_calls)
+    # How those calls are sent: "openai"; "object" (arguments as a JSON object, as HF TGI
+    # does); streamed, "no_index" (whole calls in one chunk without index, as Gemini's OpenAI
+    # endpoint does) or "interleaved" (each call's arguments in two fragments, the calls'
+    # fragments taking turns)
+    tool_call_style: str = "openai"
     cached_tokens: int = 0  # reported as prompt_tokens_details.cached_tokens when > 0
     reasoning: str = ""  # returned as reasoning_content (streamed first) when set
+    finish_reason: str = "stop"  # of whole answers without tool calls ("length": one cut short)
 
 
 @dataclass
@@ -234,9 +241,12 @@ class FakeUpstream:
         for i in range(n):
             if chat:
                 msg: dict[str, Any] = {"role": "assistant", "content": text}
-                finish = "stop"
+                finish = self.settings.finish_reason
                 if self.settings.tool_calls:
-                    msg["tool_calls"] = [_tool_call(j) for j in range(self.settings.tool_calls)]
+                    style = self.settings.tool_call_style
+                    msg["tool_calls"] = [
+                        _tool_call(j, style) for j in range(self.settings.tool_calls)
+                    ]
                     finish = "tool_calls"
                 if self.settings.reasoning:
                     msg["reasoning_content"] = self.settings.reasoning
@@ -248,7 +258,12 @@ class FakeUpstream:
                 )
             else:
                 choices.append(
-                    {"index": i, "text": text, "finish_reason": "stop", "logprobs": None}
+                    {
+                        "index": i,
+                        "text": text,
+                        "finish_reason": self.settings.finish_reason,
+                        "logprobs": None,
+                    }
                 )
         return {
             "id": "fake-1",
@@ -301,13 +316,16 @@ class FakeUpstream:
                 choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
             else:
                 choice = {"index": 0, "text": f"tok{i} ", "finish_reason": None}
+            after: list[list[dict[str, Any]]] = []  # tool calls in chunks of their own
             if i == self.settings.chunks - 1:
                 choice["finish_reason"] = "stop"
                 if chat and self.settings.tool_calls:
-                    choice["delta"]["tool_calls"] = [
-                        {"index": j, **_tool_call(j)} for j in range(self.settings.tool_calls)
-                    ]
-                    choice["finish_reason"] = "tool_calls"
+                    calls, *after = _streamed_tool_calls(
+                        self.settings.tool_calls, self.settings.tool_call_style
+                    )
+                    if calls:
+                        choice["delta"]["tool_calls"] = calls
+                    choice["finish_reason"] = None if after else "tool_calls"
             chunk = {
                 "id": "fake-1",
                 "object": kind,
@@ -316,6 +334,12 @@ class FakeUpstream:
                 "choices": [choice],
             }
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            for calls in after:
+                piece = {"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}
+                await resp.write(_sse({**head, "choices": [piece]}))
+            if after:
+                finish = {"index": 0, "delta": {}, "finish_reason": "tool_calls"}
+                await resp.write(_sse({**head, "choices": [finish]}))
             if midstream_drop and i == 1:
                 assert request.transport is not None
                 request.transport.close()
@@ -340,13 +364,32 @@ class FakeUpstream:
         return resp
 
 
-def _tool_call(j: int) -> dict[str, Any]:
-    arguments = json.dumps({"city": f"city-{j}"})
+def _tool_call(j: int, style: str = "openai") -> dict[str, Any]:
+    arguments: Any = {"city": f"city-{j}"}
+    if style != "object":
+        arguments = json.dumps(arguments)
     return {
         "id": f"call-{j}",
         "type": "function",
         "function": {"name": f"tool_{j}", "arguments": arguments},
     }
+
+
+def _streamed_tool_calls(n: int, style: str) -> list[list[dict[str, Any]]]:
+    """The ``tool_calls`` of ``n`` streamed calls: first those of the last content chunk, then
+    those of each chunk that follows it (``FakeSettings.tool_call_style``)."""
+    calls = [{"index": j, **_tool_call(j, style)} for j in range(n)]
+    if style == "no_index":
+        return [[], [{k: v for k, v in call.items() if k != "index"} for call in calls]]
+    if style != "interleaved":
+        return [calls]
+    heads, tails = [], []
+    for call in calls:
+        arguments = call["function"]["arguments"]
+        half = len(arguments) // 2
+        heads.append([{**call, "function": {**call["function"], "arguments": arguments[:half]}}])
+        tails.append([{"index": call["index"], "function": {"arguments": arguments[half:]}}])
+    return [[], *heads, *tails]
 
 
 def _sse(payload: dict[str, Any]) -> bytes:

@@ -7,8 +7,10 @@ in their limits:
 
 * ``off``: no tenant has limits or a budget, no shared state (the same gateway, limits off);
 * ``redis``: ``shared_state.redis_url`` set; the tenant has requests_per_minute,
-  tokens_per_minute, max_concurrent and a budget, all checked on every request (one Lua script
-  before the request, its settlement after);
+  tokens_per_minute and max_concurrent, all checked on every request (one Lua script before
+  the request, its settlement after; far from the limits, a check takes a grant for the next
+  few). No budget: a budgeted request holds its worst-case cost in Redis and takes no grant,
+  so it costs what ``redis-each`` measures;
 * ``memory``: the same limits kept in the one instance's memory;
 * ``redis-each``: as ``redis`` with ``grant_requests: 0``: every request asks Redis (the
   limiter before grants, side by side with it).
@@ -72,7 +74,7 @@ def policy(upstream_port: int, store: str, redis_url: str) -> str:
     if limited:
         load += (
             ", limits: {requests_per_minute: 1000000000, tokens_per_minute: 1000000000,"
-            " max_concurrent: 100000}, budget: {usd: 1000000, window: month}"
+            " max_concurrent: 100000}"
         )
     tenants.append(load + "}")
     for n in (1, 3):

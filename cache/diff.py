@@ -8,8 +8,10 @@ typos, a synonym, a moved clause). So the gate looks at the difference itself:
 1. Tokens are normalised: lower case, contractions expanded ("don't" -> "do not"), number
    words turned into digits, and each word keyed by its WordNet base form ("files" -> "file",
    "succeeded" -> "succeed") so inflection is not a change.
-2. Words present on one side only are matched again as typos (one or two edits, when at least
-   one of the two is not a dictionary word) or as split/joined compounds ("setup"/"set up").
+2. Words present on one side only are matched again as typos (one or two edits between a
+   dictionary word and a word that is not one and is not written like a name: two unknown
+   words a letter apart, "argmax"/"argmin", "GitHub"/"GitLab", are two names) or as
+   split/joined compounds ("setup"/"set up").
 3. The keys are aligned (longest matching blocks, ``difflib``); words deleted in one place and
    inserted in another are moves, not changes; a replaced span pairs its words as
    substitutions.
@@ -58,16 +60,29 @@ class PairDiff:
     runs: int = 1  # runs of shared words that stay adjacent (a fronted clause: 2)
 
 
-def _is_typo(x: str, y: str, lexicon: Lexicon) -> bool:
+def _is_typo(x: Token, y: Token, lexicon: Lexicon) -> bool:
+    """Is one word a misspelling of the other: one or two edits between a dictionary word and
+    a word that is neither a dictionary word nor written like a name?"""
+    a, b = x.norm, y.norm
     # Short words are too often distinct acronyms or units ("CSV"/"TSV", "TB"/"TiB").
-    if not (x.isalpha() and y.isalpha()) or min(len(x), len(y)) < 4:
+    if not (a.isalpha() and b.isalpha()) or min(len(a), len(b)) < 4:
         return False
-    if lexicon.known(x) and lexicon.known(y):
+    known_a, known_b = lexicon.known(a), lexicon.known(b)
+    if known_a and known_b:
         return False  # two real words: a substitution, never a typo
-    if prefix_contrast(x, y):
+    if not (known_a or known_b):
+        return False  # two names a letter apart: "argmax"/"argmin", "Novolog"/"Novolin"
+    if _named(y if known_a else x):
+        return False  # "Pydantic" against "pedantic": a name, not a misspelt word
+    if prefix_contrast(a, b):
         return False  # "subscribe" / "unsubscribe": an opposite, not a typo
-    limit = 1 if min(len(x), len(y)) < 6 else 2
-    return edit_distance(x, y, limit) <= limit
+    limit = 1 if min(len(a), len(b)) < 6 else 2
+    return edit_distance(a, b, limit) <= limit
+
+
+def _named(tok: Token) -> bool:
+    """Written like a name or an identifier: a capital inside the text or inside the word."""
+    return tok.capitalised or any(c.isupper() for c in tok.surface[1:])
 
 
 def _rekey(a: list[Token], b: list[Token], lexicon: Lexicon, diff: PairDiff) -> list[Token]:
@@ -99,11 +114,7 @@ def _rekey(a: list[Token], b: list[Token], lexicon: Lexicon, diff: PairDiff) -> 
             continue
         if tok.is_content and not tok.surface.isupper():
             partner = next(
-                (
-                    t
-                    for t in only_a
-                    if not t.surface.isupper() and _is_typo(t.norm, tok.norm, lexicon)
-                ),
+                (t for t in only_a if not t.surface.isupper() and _is_typo(t, tok, lexicon)),
                 None,
             )
             if partner is not None:

@@ -153,13 +153,15 @@ class SemanticGate:
                 raise RuntimeError("gate=verifier but no verifier is loaded")
             best_c = max(above, key=lambda c: c.similarity)
             return GateVerdict(len(candidates), best_c, best_c.similarity)
+        request_threshold = self.threshold(settings, namespace)
         judged = self.verifier.assess(
-            [c.text for c in above], [query] * len(above), [c.similarity for c in above]
+            [c.text for c in above],
+            [query] * len(above),
+            [c.similarity for c in above],
+            request_threshold,
         )
         thresholds = np.where(
-            judged.statement,
-            self.statement_threshold(settings, namespace),
-            self.threshold(settings, namespace),
+            judged.statement, self.statement_threshold(settings, namespace), request_threshold
         )
         passed = judged.score >= thresholds
         refused = [

@@ -18,10 +18,16 @@ are judged by a second ensemble (``StatementModel``) over the same features and 
 (shared n-grams, words only one side has), trained on the statement pairs of the news and
 question pairs. Both gates must accept: the statement model's score counts only where the
 request model's own probability, before its vetoes, is at least ``STATEMENT_GUARD`` (0.5:
-it does not find the pair more likely different than same) and, when the two texts differ in
-at most ``STATEMENT_FOCUS`` words, none of ``STATEMENT_VETOES`` fires (a changed number, an
-antonym, a flipped negation: a near miss written as a statement). Its threshold comes from
-its own calibration, targeted at precision (``threshold_for_statements(min_precision)``).
+it does not find the pair more likely different than same), no changed number vetoes it
+(``STATEMENT_ALWAYS``) and, when the two texts differ in at most ``STATEMENT_FOCUS`` words,
+none of ``STATEMENT_VETOES`` nor of the request vetoes fires (an antonym, a flipped negation,
+a swap around a pivot, another value: a near miss written as a statement) and, when one of
+those words is a content word replaced by another, the request model's probability reaches
+the request gate's own threshold (a one-word substitution is judged as strictly as in a
+question: "annual"/"monthly subscription", "Gold"/"Silver tier"). Its threshold
+comes from its own calibration, targeted at precision
+(``threshold_for_statements(min_precision)``); the rules beside the statement model only
+turn hits into misses, so that calibration still bounds what it serves.
 
 The artifact is JSON: the feature names, the trees as flat arrays, the calibration tables and
 the out-of-fold figures; inference is pure numpy (all trees walked at once, depth steps).
@@ -42,7 +48,7 @@ import numpy.typing as npt
 from cache import diff
 from cache.calibration import NEVER, CalibrationTable, PrecisionTable
 from cache.lexicon import Lexicon
-from cache.pairfeatures import FEATURE_NAMES, feature_matrix
+from cache.pairfeatures import FEATURE_NAMES, RELATIONS, feature_matrix
 from cache.statements import STATEMENT_FEATURE_NAMES, statement_features, statement_pair
 
 DEFAULT_ARTIFACT = Path(__file__).with_name("artifacts") / "verifier.json"
@@ -131,7 +137,12 @@ DEFAULT_MIN_PRECISION = 0.98
 STATEMENT_GUARD = 0.5
 STATEMENT_FOCUS = 4
 STATEMENT_VETOES = ("number_substituted", "sub_antonym", "negation_flip")
+# Request vetoes that refuse a statement pair however many words changed: "200 grams" in
+# one recipe and "250 grams" in a reworded one are not the same request.
+STATEMENT_ALWAYS = ("number_substituted",)
 _CHANGED = FEATURE_NAMES.index("changed_total")
+# A content word replaced by another, however WordNet relates the two ("annual"/"monthly").
+_REPLACED = [FEATURE_NAMES.index(f"sub_{r}") for r in RELATIONS]
 
 
 def _sigmoid(z: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -157,13 +168,19 @@ class StatementModel:
         x: npt.NDArray[np.float64],
         extra: npt.NDArray[np.float64],
         request_p: npt.NDArray[np.float64],
+        focused_bar: float | None = None,
     ) -> npt.NDArray[np.float64]:
         """0 where the request model finds the pair less likely same than ``guard`` or a
-        focused veto fires, else the statement model's probability."""
+        focused veto fires, or, with ``focused_bar``, where the texts differ in at most
+        ``focus`` words, one of them a content word replaced by another, and the request
+        model's probability is under that bar; else the statement model's probability."""
         p = _sigmoid(self.model.decision(np.hstack([x, extra])))
         columns = [FEATURE_NAMES.index(v) for v in self.vetoes]
         focused = x[:, _CHANGED] <= self.focus
         veto = focused & (x[:, columns] > 0).any(axis=1)
+        if focused_bar is not None:
+            replaced = (x[:, _REPLACED] > 0).any(axis=1)
+            veto |= focused & replaced & (request_p < focused_bar)
         return np.where(veto | (request_p < self.guard), 0.0, p)
 
     def to_json(self) -> dict[str, Any]:
@@ -274,6 +291,17 @@ class Verifier:
             return np.zeros(x.shape[0], dtype=bool)
         return np.asarray((x[:, self._veto_columns] > 0).any(axis=1))
 
+    def _statement_vetoed(self, x: npt.NDArray[np.float64], focus: int) -> npt.NDArray[np.bool_]:
+        """The request vetoes that hold for statement pairs: all of them where the texts
+        differ in at most ``focus`` words (a swap, a value, an antonym is then the whole
+        difference), ``STATEMENT_ALWAYS`` whatever the number of changed words (beyond a few,
+        the aligner's pivots and value pairs in reworded prose are mostly noise; a different
+        number is not)."""
+        always = [self.vetoes.index(v) for v in STATEMENT_ALWAYS if v in self.vetoes]
+        fired = x[:, self._veto_columns] > 0
+        focused = x[:, _CHANGED] <= focus
+        return np.asarray((fired.any(axis=1) & focused) | fired[:, always].any(axis=1))
+
     def scores_from_features(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         return np.where(self.vetoed(x), 0.0, _sigmoid(self.model.decision(x)))
 
@@ -296,10 +324,22 @@ class Verifier:
         return float(self.probabilities([stored], [query], [cosine])[0])
 
     def assess(
-        self, stored: Sequence[str], queries: Sequence[str], cosines: Sequence[float]
+        self,
+        stored: Sequence[str],
+        queries: Sequence[str],
+        cosines: Sequence[float],
+        request_threshold: float | None = None,
     ) -> Assessment:
         """Each pair's kind and score: statement pairs by the statement gate (when the
-        artifact has one), the others by the request gate."""
+        artifact has one), the others by the request gate.
+
+        The request gate's vetoes hold for statement pairs too (``_statement_vetoed``: a
+        changed number always; a swap around a pivot, a value or an antonym when at most
+        ``focus`` words changed). A statement pair that differs in at most ``focus`` words,
+        one of them a content word replaced by another, is a substitution like a question's
+        ("annual"/"monthly subscription", "Gold"/"Silver tier"), so it must also pass the
+        request gate's own bar, ``request_threshold`` (the gate's threshold for the
+        namespace; default: the one at ``DEFAULT_MAX_FALSE_HIT_RATE``)."""
         lex = Lexicon.shared()
         x = feature_matrix(stored, queries, cosines, lex)
         request_p = _sigmoid(self.model.decision(x))
@@ -316,5 +356,9 @@ class Verifier:
                 [statement_features(stored[i], queries[i], lex) for i in rows.tolist()],
                 dtype=np.float64,
             ).reshape(len(rows), len(STATEMENT_FEATURE_NAMES))
-            score[rows] = self.statements.scores(x[rows], extra, request_p[rows])
+            bar = self.threshold if request_threshold is None else request_threshold
+            judged = self.statements.scores(x[rows], extra, request_p[rows], bar)
+            score[rows] = np.where(
+                self._statement_vetoed(x[rows], self.statements.focus), 0.0, judged
+            )
         return Assessment(statement, score)

@@ -2,7 +2,7 @@
 
 A request is split into words and numbers; each word is lower-cased, contractions are
 expanded ("don't" -> "do not", "what's" -> "what is"; a possessive "'s" is dropped), number
-words become digits ("five" -> "5"), courtesy words ("please", "thanks", "hi") are dropped,
+words and ordinals become digits ("five" -> "5", "fifth" and "5th" -> "5"), courtesy words ("please", "thanks", "hi") are dropped,
 the question frames "how do I", "how can I", "how should we" ... read as "how to", and each
 word gets an alignment key: its WordNet base
 form ("files" -> "file", "succeeded" -> "succeed"; acronyms are left alone), so inflection is
@@ -90,6 +90,34 @@ _NUMBER_WORDS = {
 _NUMBER_WORDS.update({"thirty": "30", "forty": "40", "fifty": "50", "sixty": "60"})
 _NUMBER_WORDS.update({"seventy": "70", "eighty": "80", "ninety": "90", "hundred": "100"})
 _NUMBER_WORDS.update({"thousand": "1000", "million": "1e6", "billion": "1e9", "dozen": "12"})
+# Ordinals read as their numbers, as "3rd" is: "fifth grade" / "seventh grade" is a changed
+# number, "third" / "3rd" is none. "first" stays a quantifier ("first" / "last"), and
+# "second" is read as 2 only in the singular ("30 seconds" is a unit).
+_ORDINAL_WORDS = [
+    "second",
+    "third",
+    "fourth",
+    "fifth",
+    "sixth",
+    "seventh",
+    "eighth",
+    "ninth",
+    "tenth",
+    "eleventh",
+    "twelfth",
+    "thirteenth",
+    "fourteenth",
+    "fifteenth",
+    "sixteenth",
+    "seventeenth",
+    "eighteenth",
+    "nineteenth",
+    "twentieth",
+]
+_NUMBER_WORDS.update({w: str(i) for i, w in enumerate(_ORDINAL_WORDS, start=2)})
+_NUMBER_WORDS.update({"thirtieth": "30", "fortieth": "40", "fiftieth": "50", "sixtieth": "60"})
+_NUMBER_WORDS.update({"seventieth": "70", "eightieth": "80", "ninetieth": "90"})
+_NUMBER_WORDS.update({"hundredth": "100", "thousandth": "1000"})
 
 # Closed word classes of English grammar (not fitted to any data set): the gate needs to know
 # which changed words carry the request's logic rather than its topic.

@@ -19,8 +19,13 @@ from gateway.build import Clock, build_runtime
 from gateway.connections import ConnectionLimits
 from gateway.keys import LIMITS, LIVE, METRICS, ORCHESTRATOR, SLO
 from gateway.live import LivePolicy, budgets
-from gateway.middleware import cors_middleware, cors_on_prepare, gateway_middleware
-from gateway.observability.metrics import GatewayMetrics
+from gateway.middleware import (
+    anthropic_request_id,
+    cors_middleware,
+    cors_on_prepare,
+    gateway_middleware,
+)
+from gateway.observability.metrics import GatewayMetrics, ReloadCollector
 from gateway.observability.slo import SloCollector, SloTracker
 from gateway.observability.tracing import SpanDropCollector, Telemetry
 from gateway.observability.usage_metrics import LimiterCollector
@@ -60,6 +65,7 @@ def create_app(
     metrics.registry.register(CacheCollector(lambda: app[LIVE].current.cache))
     metrics.registry.register(LimiterCollector(lambda: app[LIVE].current.limiter))
     metrics.registry.register(SpanDropCollector(lambda: app[LIVE].current.telemetry))
+    metrics.registry.register(ReloadCollector(lambda: app[LIVE].reload_counts()))
     app[METRICS] = metrics
     app[SLO] = slo
     app[ORCHESTRATOR] = Orchestrator(metrics, slo)
@@ -68,6 +74,7 @@ def create_app(
     app.cleanup_ctx.append(_live_policy)
     app[admin.ADMIN_ACCESS] = admin.AdminAccess()
     app.on_response_prepare.append(cors_on_prepare)
+    app.on_response_prepare.append(anthropic_request_id)
     handlers.add_routes(app.router, metrics=group is None)
     dialect_routes.add_routes(app.router)
     admin.add_routes(app.router, group=group is not None)

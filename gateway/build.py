@@ -170,6 +170,7 @@ def _build_pools(
             needs_prompt_text=not isinstance(router, LeastLoadedRouter | RoundRobinRouter),
         )
         pool.admission = AdmissionQueue(policy.admission, _replicas_of(pool))
+        pool.share_in_flight(previous.values())  # the replicas' load holds across the reload
         pools[name] = pool
     return pools
 
@@ -269,6 +270,8 @@ async def build_runtime(
         if isinstance(exc, Exception) and not isinstance(exc, PolicyError):
             raise build_failure(source, exc, where) from exc
         raise
+    for name, pool in fresh.items():  # accepted: one connection pool and queue per replica
+        pool.take_over(old_pools.values(), old_pools.get(name))
     for pool in prepared.pools.values():
         if pool.admission is not None:
             pool.admission.settings = policy.admission

@@ -8,7 +8,8 @@ orchestrator. Stored responses (``GET``/``DELETE /v1/responses/{id}``, ``input_i
 in the caller's tenant only. A passthrough's upstream keeps every tenant's responses under the
 gateway's one key: a ``previous_response_id`` is relayed only when the store records the
 response as the caller's (``ResponsesCall.ended`` records it), and is otherwise answered as an
-unknown id is. Messages errors leave in Anthropic's format and statuses.
+unknown id is; a ``conversation`` or an ``item_reference`` input, whose owner the gateway
+cannot tell, is refused (400). Messages errors leave in Anthropic's format and statuses.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def _passthrough(
 ) -> ParsedRequest | None:
     """The client's own request, when the model's primary backend serves ``endpoint`` itself."""
     model = body["model"]
-    if rt.tiered(model) is not None or not rt.native(rt.targets(model)[0], endpoint):
+    if not rt.passthrough(model, endpoint):
         return None
     return ParsedRequest(endpoint, raw, body, model, bool(body.get("stream")), None)
 
@@ -113,6 +114,7 @@ async def _create_response(request: web.Request) -> web.StreamResponse:
                     "'previous_response_id' must be a string", param="previous_response_id"
                 )
             await _stored(rt, tenant, previous, "previous_response_id", relayed=True)
+        _no_upstream_state(body)
         stored = body.get("store") is not False
         request_ = relayed_request(body["model"], passthrough.stream, stored)
         call = ResponsesCall(request_, tenant, rt.responses, passthrough=passthrough)
@@ -124,6 +126,27 @@ async def _create_response(request: web.Request) -> web.StreamResponse:
         history = previous.messages
     call = ResponsesCall(parsed, tenant, rt.responses, history)
     return await request.app[ORCHESTRATOR].handle_dialect(request, rt, tenant, call)
+
+
+def _no_upstream_state(body: dict[str, Any]) -> None:
+    """Refuse what would name upstream state the gateway cannot tell the owner of: a
+    conversation, or an input item by reference (the upstream holds every tenant's items under
+    the gateway's one key). A ``previous_response_id`` is checked against the store instead."""
+    if body.get("conversation") is not None:
+        raise BadRequest(
+            "'conversation' is not supported through this gateway; "
+            "continue with 'previous_response_id'",
+            param="conversation",
+        )
+    items = body.get("input")
+    if isinstance(items, list):
+        for index, item in enumerate(items):
+            if isinstance(item, dict) and item.get("type") == "item_reference":
+                raise BadRequest(
+                    "input items by reference are not supported through this gateway; "
+                    "send the item itself or continue with 'previous_response_id'",
+                    param=f"input[{index}]",
+                )
 
 
 async def _stored(

@@ -75,13 +75,14 @@ class ResponsesCall:
     relayed_id: str | None = None  # a passthrough's: the id of the response kept upstream
     _stream: ResponsesStream | None = None
     _relayed: RelayedStream | None = None
+    parsed: ParsedRequest = field(init=False)  # what the stages run: translated once, here
 
-    @property
-    def parsed(self) -> ParsedRequest:
+    def __post_init__(self) -> None:
         if self.passthrough is not None:
-            return self.passthrough
-        chat = self.request.chat_body(self.history)
-        return chat_request(chat, self.request.model, self.request.stream)
+            self.parsed = self.passthrough
+        else:
+            chat = self.request.chat_body(self.history)
+            self.parsed = chat_request(chat, self.request.model, self.request.stream)
 
     def render(self, status: int, body: bytes) -> tuple[int, bytes]:
         if status == 200 and self.passthrough is not None:
@@ -138,13 +139,13 @@ class ResponsesCall:
 class MessagesCall:
     request: MessagesRequest
     passthrough: ParsedRequest | None = None  # the client's request, for a kind: anthropic backend
+    parsed: ParsedRequest = field(init=False)  # what the stages run: translated once, here
 
-    @property
-    def parsed(self) -> ParsedRequest:
-        if self.passthrough is not None:
-            return self.passthrough
+    def __post_init__(self) -> None:
         request = self.request
-        return chat_request(request.chat, request.model, request.stream, request.prefill)
+        self.parsed = self.passthrough or chat_request(
+            request.chat, request.model, request.stream, request.prefill
+        )
 
     def render(self, status: int, body: bytes) -> tuple[int, bytes]:
         if self.passthrough is not None:

@@ -41,6 +41,14 @@ class GatewayError(Exception):
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.code, self.param)
 
+    def named_code(self) -> str:
+        """The error's code, else its status's (a string, as in OpenAI's error objects): an
+        error event ending a stream always says which failure ended it."""
+        return self.code or _STATUS_CODES.get(self.status, "bad_gateway")
+
+
+_STATUS_CODES = {502: "bad_gateway", 503: "service_unavailable", 504: "timeout"}
+
 
 def error_body(
     message: str, type_: str, code: str | int | None = None, param: str | None = None

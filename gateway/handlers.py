@@ -50,7 +50,15 @@ async def _models(request: web.Request) -> web.Response:
     rt = request.app[LIVE].current
     rt.authenticate(request.headers)
     if "anthropic-version" in request.headers:
-        return web.json_response(models_page(rt.model_names()))
+        query = request.query
+        page = models_page(
+            rt.model_names(),
+            limit=query.get("limit"),
+            after_id=query.get("after_id"),
+            before_id=query.get("before_id"),
+            lifecycles=query.getall("lifecycle[]", []) + query.getall("lifecycle", []),
+        )
+        return web.json_response(page)
     data = [_model_object(name) for name in rt.model_names()]
     return web.json_response({"object": "list", "data": data})
 

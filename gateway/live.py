@@ -50,6 +50,7 @@ class LivePolicy:
         self._lock = asyncio.Lock()
         self._retiring: dict[asyncio.Task[None], Runtime] = {}
         self.reloads = 0  # finished, accepted or rejected (a worker group waits on it)
+        self.rejected = 0
         self.reload_error: str | None = None  # the last reload's, None if it was accepted
 
     async def reload(self) -> Runtime:
@@ -61,15 +62,21 @@ class LivePolicy:
                 runtime = await self._reload(self.path)
             except PolicyError as exc:
                 self.reload_error = str(exc)
+                self.rejected += 1
                 raise
             except Exception as exc:  # never a 500 or a lost task: a rejection that says why
                 error = build_failure(PolicySource(str(self.path)), exc)
                 self.reload_error = str(error)
+                self.rejected += 1
                 raise error from exc
             finally:
                 self.reloads += 1
             self.reload_error = None
             return runtime
+
+    def reload_counts(self) -> tuple[int, int, bool]:
+        """For the metrics: reloads accepted, rejected, and whether the last was rejected."""
+        return self.reloads - self.rejected, self.rejected, self.reload_error is not None
 
     async def _reload(self, path: Path) -> Runtime:
         policy, source = await asyncio.to_thread(read_policy, path)

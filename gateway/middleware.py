@@ -1,10 +1,11 @@
 """Cross-cutting concerns of every request: one aiohttp middleware, and CORS.
 
-``gateway_middleware``: the request id in and out; every error leaves as OpenAI's error JSON
-with the right status, never a stack trace (a client that left is a 499, not an error); one
-metrics observation per API request whatever its end (the orchestrator leaves its labels and
-status on the request); and the access log. One layer, not one per concern: every middleware is
-one more frame that each resumption of the request's coroutine passes through.
+``gateway_middleware``: the request id in and out (``anthropic_request_id``: also as
+``request-id`` to a caller of Anthropic's API, the header its clients read); every error leaves
+as OpenAI's error JSON with the right status, never a stack trace (a client that left is a 499,
+not an error); one metrics observation per API request whatever its end (the orchestrator leaves
+its labels and status on the request); and the access log. One layer, not one per concern: every
+middleware is one more frame that each resumption of the request's coroutine passes through.
 ``cors_middleware`` + ``cors_on_prepare``: with ``server.cors``, preflights are answered and
 every response (streams included: the signal runs before the headers are sent) carries the
 CORS headers for an allowed origin.
@@ -156,12 +157,26 @@ def _api_error(
 ) -> web.Response:
     """An error answered before a route's handler runs, in the caller's API: Anthropic's on its
     routes (or with ``anthropic-version``), else OpenAI's."""
-    if request.rel_url.raw_path.startswith("/v1/messages") or (
-        "anthropic-version" in request.headers
-    ):
+    if _anthropic(request):
         body = messages_out.error_body(messages_out.error_status(status), message)
         return web.json_response(body, status=status, headers=headers)
     return web.json_response(error_body(message, type_, code), status=status, headers=headers)
+
+
+def _anthropic(request: web.Request) -> bool:
+    """A caller of Anthropic's API: on its routes, or with its ``anthropic-version``."""
+    return request.rel_url.raw_path.startswith("/v1/messages") or (
+        "anthropic-version" in request.headers
+    )
+
+
+async def anthropic_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """The request id as Anthropic sends it (``request-id``, which its clients give as
+    ``_request_id`` and an error's ``request_id``), beside ``x-request-id``: streams included,
+    as the signal runs before any header is sent."""
+    request_id = request.get(REQUEST_ID)
+    if request_id and _anthropic(request):
+        response.headers["request-id"] = request_id
 
 
 def _internal_error(request: web.Request, request_id: str) -> web.Response:

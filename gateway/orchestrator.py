@@ -200,6 +200,7 @@ class Orchestrator:
         assert lookup.hit is not None  # the caller's branch
         self.slo.observe(call.plan.name, RequestTiming(ms_since(call.started)))
         quota.cache_hit = True  # no upstream tokens, no cost
+        quota.downgraded = None  # the stored answer is served, not the downgrade model's
         plan = self.relay_plan(call, cache_headers(lookup.hit), Watch(), None, quota)
         return await send_answer(call.request, replayed(lookup.hit), plan)
 
@@ -280,7 +281,8 @@ class Orchestrator:
             **cache_state(lookup),
         }
         plan = self.relay_plan(call, headers, watch, attempt, quota)
-        return Served(await relay(call.request, attempt, plan), watch)
+        fallback = attempt.target is not targets[0]  # answers for this request alone
+        return Served(await relay(call.request, attempt, plan), watch, degraded=fallback)
 
     async def serve_cascade(
         self, call: Call, tier: TierChoice, lookup: Lookup, quota: Quota
@@ -288,21 +290,30 @@ class Orchestrator:
         """The small tier first, held to the commit point, then kept or escalated."""
         tiers = call.rt.tiers
         assert tiers is not None  # choose_tier returned a choice only with the stage loaded
-        out = await tiers.cascade(call, tier, self.opener)
-        verdict = out.verdict
-        outcome = "escalated" if verdict.escalate else "kept"
+        judged = await tiers.judge(call, tier, self.opener)
+        # Counted, and the small answer paid for, before the large tier is asked: whatever it
+        # does next (fails, the client leaves), the escalation happened and was paid.
+        verdict, escalated = judged.verdict, judged.escalate
+        outcome = "escalated" if escalated else "kept"
         self.metrics.tiers.labels(call.parsed.model, "cascade", outcome).inc()
         call.span.decision(
             {
-                "cascade.escalated": verdict.escalate,
+                "tier": "large" if escalated else "small",  # the tier that answers
+                "cascade.escalated": escalated,
                 "cascade.reason": verdict.reason,
                 "cascade.score": round(verdict.score, 4),
             }
         )
+        discarded = judged.discarded()
+        if discarded is not None:
+            quota.spent.append(discarded)
+        out = await tiers.answer(call, tier, judged, self.opener)
+        if out.fallback:  # the held small answer is served after all: paid as the answer
+            if discarded is not None:
+                quota.spent.remove(discarded)
+            call.span.decision({"tier": "small", "tier.fallback": True})
         attempt = out.attempt
         _label(call, attempt)
-        if out.discarded is not None:  # the small answer was paid for, then escalated
-            quota.spent.append((out.discarded, tier.targets[0].price))
         watch = Watch.of(call, lookup)
         headers = {
             **_attempt_headers(attempt),
@@ -311,8 +322,9 @@ class Orchestrator:
             **cache_state(lookup),
         }
         plan = self.relay_plan(call, headers, watch, attempt, quota)
-        if out.held is not None:
-            return Served(await send_answer(call.request, out.held, plan, attempt), watch)
+        if out.held is not None:  # kept, or escalated and the large tier failed (degraded)
+            relayed = await send_answer(call.request, out.held, plan, attempt)
+            return Served(relayed, watch, degraded=verdict.escalate)
         return Served(await relay(call.request, attempt, plan), watch)
 
     def relay_plan(
@@ -355,19 +367,23 @@ class Orchestrator:
             client=call.dialect,
             filter=quota.tap if call.strip_usage else None,
             on_answer=quota.on_answer,
+            estimate=quota.estimate_json,
         )
 
     # --- 6. after the answer -----------------------------------------------------------------
 
     def fill_cache(self, call: Call, lookup: Lookup, served: Served, quota: Quota) -> None:
         """Store a complete answer to the request as the client asked it: never one cut by the
-        deadline, shortened by the gateway's ``cap_output``, or made by a spent budget's
-        downgrade model (each would be replayed to requests that get the full answer)."""
+        deadline, shortened by the gateway's ``cap_output``, made by a spent budget's
+        downgrade model, a fallback backend, or a cascade's small tier standing in for a failed
+        large one (each would be replayed to requests that get the full answer)."""
         result, attempt = served.relayed.result, served.relayed.attempt
         cache, policy = call.rt.cache, call.plan.cache
         if cache is None or policy is None or result.status != 200 or result.deadline_hit:
             return
-        if quota.downgraded is not None or (attempt is not None and attempt.capped):
+        if quota.downgraded is not None or served.degraded:
+            return
+        if attempt is not None and attempt.capped:
             return
         capture = served.watch.capture
         answer = capture.assembled if capture is not None else storable(result.body)

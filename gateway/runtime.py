@@ -185,10 +185,23 @@ class Runtime:
     def targets(self, alias: str, endpoint: Endpoint = Endpoint.CHAT) -> list[Destination]:
         """The primary target and its fallbacks, in the order they are tried (for a passthrough
         endpoint, only those whose backend serves it itself)."""
-        targets = self._targets(alias)
-        if endpoint in (Endpoint.RESPONSES, Endpoint.MESSAGES):
-            targets = [t for t in targets if self.native(t, endpoint)]
-        return targets
+        return self.serving(self._targets(alias), endpoint)
+
+    def serving(self, targets: list[Destination], endpoint: Endpoint) -> list[Destination]:
+        """Those of ``targets`` that can take a request of ``endpoint``: every one for a chat
+        request (a translated Responses or Messages request is one) and the other OpenAI
+        endpoints; for a passthrough (the client's own Responses or Messages request), only
+        those whose backend serves that API itself. The one rule for every way to a backend:
+        an alias's targets, a passthrough's choice, a spent budget's downgrade."""
+        if endpoint not in (Endpoint.RESPONSES, Endpoint.MESSAGES):
+            return targets
+        return [t for t in targets if self.native(t, endpoint)]
+
+    def passthrough(self, alias: str, endpoint: Endpoint) -> bool:
+        """Whether a Responses or Messages request for ``alias`` is relayed untranslated: its
+        primary backend serves the API itself (never a tiered alias: tiers are chosen on chat
+        requests)."""
+        return self.tiered(alias) is None and bool(self.serving(self._targets(alias)[:1], endpoint))
 
     def native(self, target: Destination, endpoint: Endpoint) -> bool:
         """Whether ``target``'s backend serves ``endpoint`` itself, relayed untranslated."""

@@ -22,6 +22,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
+from yarl import URL
 
 from policies import redact
 from policies.routing import LeastLoadedRouting, RoutingConfig
@@ -31,11 +32,25 @@ _URL = re.compile(r"^https?://[^/\s]+(/\S*)?$")
 
 
 def _check_url(value: str) -> str:
+    """An http(s) base URL that serving can use: the same parser as the HTTP clients (yarl),
+    a host, a port in 1-65535, no query or fragment, no credentials."""
+    shown = redact.url(value)
     if not _URL.match(value):
-        raise ValueError(f"not an http(s) URL: {redact.url(value)!r}")
+        raise ValueError(f"not an http(s) URL: {shown!r}")
+    try:
+        url = URL(value)
+        port = url.port
+    except ValueError as exc:
+        raise ValueError(f"not a usable URL: {shown!r} ({exc})") from None
+    if not url.host:
+        raise ValueError(f"no host in the URL: {shown!r}")
+    if port is None or not 1 <= port <= 65535:
+        raise ValueError(f"the port must be 1 to 65535: {shown!r}")
+    if url.query_string or url.fragment or "?" in value or "#" in value:
+        raise ValueError(f"a base URL takes no query or fragment (? or #): {shown!r}")
     if redact.has_userinfo(value):  # user:password@host: it would name the replica everywhere
         raise ValueError(
-            f"credentials in a URL ({redact.url(value)!r}): give the key with api_key or "
+            f"credentials in a URL ({shown!r}): give the key with api_key or "
             "api_key_env, never in the URL (it names the replica in headers, metrics and logs)"
         )
     return value.rstrip("/")
@@ -111,6 +126,15 @@ class OpenAIBackend(_BackendBase):
     responses: ResponsesMode = "translate"
 
     _base = field_validator("base_url")(classmethod(lambda cls, v: _check_url(v)))
+
+    @field_validator("health", mode="before")
+    @classmethod
+    def _passive_unless_asked(cls, value: Any) -> Any:
+        """Active checks only with ``active: true``: most OpenAI-compatible APIs have no
+        ``/health``, and a block that only tunes ejection must not make the backend unready."""
+        if isinstance(value, dict) and "active" not in value:
+            return {**value, "active": False}
+        return value
 
 
 class AnthropicBackend(_BackendBase):

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from policies.backends import AnthropicBackend, OpenAIBackend
 from policies.models import ModelRoute, TieredModelConfig
+from policies.routing import STRATEGIES
 from policies.schema import Policy
 from policies.surfaces import action_errors
 from policies.yamlsource import MAX_POLICY_CHARS, KeyPath, SourceDoc, parse_yaml
@@ -104,12 +105,25 @@ def parse_policy_source(
     return policy, source
 
 
+MAX_ISSUES = 20  # problems listed one by one; past it, one line counts the rest
+
+
 def validate_policy(
     text: str, file: str = "<policy>", env: Mapping[str, str] | None = None
 ) -> tuple[Policy | None, PolicySource, list[PolicyIssue]]:
-    """Every issue found, with the policy when its schema holds (so that checks which need it,
-    the cross-section rules and ``prepare``, can still report theirs): ``llm-gateway check``
-    reports them all at once."""
+    """Every issue found (the first ``MAX_ISSUES``, then their count), with the policy when its
+    schema holds (so that checks which need it, the cross-section rules and ``prepare``, can
+    still report theirs): ``llm-gateway check`` reports them all at once."""
+    policy, source, issues = _validate(text, file, env)
+    if len(issues) > MAX_ISSUES:
+        more = PolicyIssue(file, None, (), f"and {len(issues) - MAX_ISSUES} more problem(s)")
+        issues = [*issues[:MAX_ISSUES], more]
+    return policy, source, issues
+
+
+def _validate(
+    text: str, file: str, env: Mapping[str, str] | None
+) -> tuple[Policy | None, PolicySource, list[PolicyIssue]]:
     env = os.environ if env is None else env
     doc = parse_yaml(text, env)
     source = PolicySource(file, doc)
@@ -145,10 +159,21 @@ def _from_validation(exc: ValidationError, doc: SourceDoc, file: str) -> list[Po
             )
         elif err["type"] == "union_tag_not_found":
             message = "missing key 'kind' (vllm, openai or anthropic)"
+        elif err["type"] in ("model_type", "model_attributes_type", "dict_type"):
+            message = (
+                "is empty: give its settings (key: value)"
+                if err["input"] is None
+                else "should be a mapping of settings (key: value)"
+            )
         elif message.startswith("Value error, "):
             message = message[len("Value error, ") :]
         issues.append(PolicyIssue(file, doc.line_of(path), path, message))
     return issues
+
+
+# The tags of the schema's unions (a backend's kind, a routing strategy, a model entry's form):
+# pydantic puts them in an error's location, where the file has no such key.
+_UNION_TAGS = frozenset({"vllm", "openai", "anthropic", "route", "tiered", *STRATEGIES})
 
 
 def _data_path(data: Any, loc: tuple[int | str, ...]) -> KeyPath:
@@ -162,9 +187,7 @@ def _data_path(data: Any, loc: tuple[int | str, ...]) -> KeyPath:
         elif isinstance(node, list) and isinstance(part, int) and part < len(node):
             node = node[part]
             path.append(part)
-        elif isinstance(node, dict) and (
-            part in {v for v in node.values() if isinstance(v, str)} or part in ("route", "tiered")
-        ):
+        elif (node is None or isinstance(node, dict)) and part in _UNION_TAGS:
             continue  # a union tag (kind: vllm, strategy: prefix, route) that pydantic puts in loc
         else:
             path.append(part)  # a missing or unknown key: name it
@@ -199,25 +222,26 @@ def cross_check(
     ):
         problems.append((("models",), "no models: declare one or set discover_models on a backend"))
     for name, backend in backends.items():
-        key_env = (
-            backend.api_key_env if isinstance(backend, OpenAIBackend | AnthropicBackend) else None
-        )
-        if key_env is not None and not env.get(key_env):
-            problems.append(
-                (("backends", name, "api_key_env"), f"environment variable {key_env} is not set")
+        if isinstance(backend, OpenAIBackend | AnthropicBackend):
+            problems += _env_name_problems(
+                ("backends", name, "api_key_env"), backend.api_key_env, doc, env
             )
+        elif backend.api_key and ("backends", name, "api_key") not in doc.from_env:
+            problems.append((("backends", name, "api_key"), _PLAINTEXT))
     for setting, token_env in (
         ("admin_token_env", policy.server.admin_token_env),
         ("metrics_token_env", policy.server.metrics_token_env),
     ):
-        token = env.get(token_env) if token_env is not None else None
-        if token_env is not None and not token:
-            problems.append((("server", setting), f"environment variable {token_env} is not set"))
-        elif token is not None and (len(token) < 16 or re.search(r"[\s\x00-\x1f\x7f]", token)):
+        where: KeyPath = ("server", setting)
+        found = _env_name_problems(where, token_env, doc, env)
+        problems += found
+        token = env.get(token_env) if token_env is not None and not found else None
+        if token is not None and (len(token) < 16 or re.search(r"[\s\x00-\x1f\x7f]", token)):
+            named = "its variable" if where in doc.substituted else str(token_env)
             problems.append(  # never the value
                 (
-                    ("server", setting),
-                    f"the token in {token_env} must have at least 16 characters and no spaces "
+                    where,
+                    f"the token in {named} must have at least 16 characters and no spaces "
                     "or control characters (is the variable padded, or does it end in a newline? "
                     "HTTP strips a header's trailing whitespace, so such a token could never match)",
                 )
@@ -227,10 +251,8 @@ def cross_check(
         given: list[tuple[KeyPath, str]] = []
         for i, key in enumerate(spec.api_keys):
             path: KeyPath = ("tenants", tenant, "api_keys", i)
-            if path not in doc.substituted:
-                problems.append(
-                    (path, "plaintext API key in the file: use ${ENV_VAR} or api_key_sha256")
-                )
+            if path not in doc.from_env:
+                problems.append((path, f"{_PLAINTEXT}, or as api_key_sha256"))
             given.append((path, hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()))
         given += [
             (("tenants", tenant, "api_key_sha256", i), d) for i, d in enumerate(spec.api_key_sha256)
@@ -276,6 +298,40 @@ def cross_check(
                     )
                 )
     return problems
+
+
+_PLAINTEXT = (
+    "plaintext API key in the file: give it as ${ENV_VAR} alone (no default, no text around)"
+)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _env_name_problems(
+    path: KeyPath, name: str | None, doc: SourceDoc, env: Mapping[str, str]
+) -> list[tuple[KeyPath, str]]:
+    """An ``*_env`` setting names a variable; what it holds is never printed (a secret put
+    where its name belongs, ``api_key_env: ${OPENAI_API_KEY}``, must not reach a log)."""
+    if name is None:
+        return []
+    key = path[-1]
+    if path in doc.substituted:
+        if not _ENV_NAME.fullmatch(name):
+            return [
+                (
+                    path,
+                    f"{key} takes the NAME of an environment variable, but ${{...}} put a value "
+                    f"there that is no variable name (not shown): write {key}: VAR_NAME, "
+                    "without ${}",
+                )
+            ]
+        if not env.get(name):
+            return [(path, "the environment variable it names (through ${...}) is not set")]
+        return []
+    if not _ENV_NAME.fullmatch(name):
+        return [(path, f"{key} takes the name of an environment variable (letters, digits, _)")]
+    if not env.get(name):
+        return [(path, f"environment variable {name} is not set")]
+    return []
 
 
 def _budget_problems(policy: Policy) -> list[tuple[KeyPath, str]]:

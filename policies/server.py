@@ -84,7 +84,12 @@ class CorsConfig(Strict):
         "Anthropic-Beta",
         "Anthropic-Dangerous-Direct-Browser-Access",
     ]  # a name ending in "*" allows every header it begins (a preflight's are echoed back)
-    expose_headers: list[str] = ["x-request-id", "x-gateway-cache", "x-gateway-replica"]
+    expose_headers: list[str] = [
+        "x-request-id",
+        "request-id",
+        "x-gateway-cache",
+        "x-gateway-replica",
+    ]
     max_age_s: int = Field(600, ge=0)
     allow_credentials: bool = False
 

@@ -1,4 +1,5 @@
-"""The one base of every policy section: frozen, and an unknown key is an error."""
+"""The one base of every policy section: frozen, an unknown key is an error, and every number
+is finite (``.nan`` and ``.inf`` are YAML floats; a timer or a budget cannot use them)."""
 
 from __future__ import annotations
 
@@ -6,4 +7,4 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

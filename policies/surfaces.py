@@ -25,6 +25,7 @@ from policies.tenants import RateLimits
 
 Priority = Literal["interactive", "standard", "background"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "standard", "background")
+MAX_MS = 86_400_000  # a day: the bound of every time in ms here (each feeds a timer)
 
 
 class HedgeConfig(Strict):
@@ -38,13 +39,16 @@ class HedgeConfig(Strict):
     enabled: bool = False
     delay_ms: float | Literal["auto"] = "auto"
     max_fraction: float = Field(0.1, gt=0, le=1)
-    min_delay_ms: float = Field(10.0, ge=0)  # "auto" never hedges sooner than this
+    min_delay_ms: float = Field(10.0, ge=0, le=MAX_MS)  # "auto" never hedges sooner than this
 
-    @field_validator("delay_ms")
+    @field_validator("delay_ms", mode="before")
     @classmethod
-    def _positive(cls, value: float | str) -> float | str:
-        if isinstance(value, float | int) and value <= 0:
-            raise ValueError("delay_ms must be > 0 or 'auto'")
+    def _auto_or_positive(cls, value: Any) -> Any:
+        """One error, not one per branch of the union; NaN fails the comparison."""
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_MS:
+            raise ValueError(f"delay_ms must be 'auto' or a number > 0, at most {MAX_MS:,} (a day)")
         return value
 
 
@@ -59,9 +63,9 @@ class SurfaceActions(Strict):
 
 
 class Budget(Strict):
-    ttft_ms: float | None = Field(None, gt=0)
-    itl_ms: float | None = Field(None, gt=0)
-    total_ms: float | None = Field(None, gt=0)
+    ttft_ms: float | None = Field(None, gt=0, le=MAX_MS)
+    itl_ms: float | None = Field(None, gt=0, le=MAX_MS)
+    total_ms: float | None = Field(None, gt=0, le=MAX_MS)
     percentile: float = Field(95.0, gt=0, lt=100)
 
     @field_validator("percentile", mode="before")

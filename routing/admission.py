@@ -12,6 +12,11 @@ standard 1, background 2): interactive goes first, FIFO within a class, and a ba
 request only yields to interactive requests that arrived less than ``2 x aging_s`` after it,
 so nothing starves; the key never changes while waiting, so the heap stays valid.
 
+A reload's new pool of the same backend keeps the queue (``follow``): its granted tickets and
+its waiters go on counting, so ``max_outstanding_per_replica`` holds across the reload. Each
+acquisition is counted under the queue's ``epoch`` until its ticket is released, so that the
+replaced pool knows when the requests it admitted, or will, are done (``held_before``).
+
 Nothing waits forever: a waiter leaves with ``AdmissionRejected`` after ``max_wait_s`` (what
 is left of its latency budget, given by the caller) or after ``queue_timeout_s``, and a
 full queue (``max_queue``) refuses at once. The orchestrator maps the error to 503 with
@@ -62,18 +67,22 @@ class _Waiter:
 class Ticket:
     """One admitted request; ``release()`` (idempotent) when its response is done."""
 
-    __slots__ = ("_queue", "priority", "released", "waited_s")
+    __slots__ = ("_epoch", "_queue", "priority", "released", "waited_s")
 
-    def __init__(self, queue: AdmissionQueue, priority: Priority, waited_s: float) -> None:
+    def __init__(
+        self, queue: AdmissionQueue, priority: Priority, waited_s: float, epoch: int = 0
+    ) -> None:
         self._queue = queue
         self.priority = priority
         self.waited_s = waited_s
         self.released = False
+        self._epoch = epoch
 
     def release(self) -> None:
         if not self.released:
             self.released = True
             self._queue._release()
+            self._queue._unhold(self._epoch)
 
     def __enter__(self) -> Ticket:
         return self
@@ -120,6 +129,27 @@ class AdmissionQueue:
         self._rate = _Rate()
         self._recheck: asyncio.TimerHandle | None = None
         self.rejected = {"queue_timeout": 0, "budget_exceeded": 0, "queue_full": 0}
+        self.epoch = 0  # one more each time a reload's new pool takes the queue over
+        self._held: dict[int, int] = {}  # epoch: acquisitions waiting or holding a ticket
+
+    def follow(self, replicas: Callable[[], Sequence[Replica]]) -> int:
+        """Admit against these replicas (a reload's new pool) from now on; returns the new
+        epoch: what was acquired before it belongs to the replaced pool."""
+        self._replicas = replicas
+        self.epoch += 1
+        self._pump()
+        return self.epoch
+
+    def held_before(self, epoch: int) -> int:
+        """Acquisitions begun before ``epoch`` still waiting or holding their ticket."""
+        return sum(n for e, n in self._held.items() if e < epoch)
+
+    def _unhold(self, epoch: int) -> None:
+        left = self._held[epoch] - 1
+        if left:
+            self._held[epoch] = left
+        else:
+            del self._held[epoch]
 
     # --- state ----------------------------------------------------------------------------
 
@@ -156,10 +186,19 @@ class AdmissionQueue:
 
         Returns at once (without suspending) when nobody waits and the pool has room.
         """
+        epoch = self.epoch
+        self._held[epoch] = self._held.get(epoch, 0) + 1
+        try:
+            return await self._acquire(priority, max_wait_s, epoch)
+        except BaseException:
+            self._unhold(epoch)
+            raise
+
+    async def _acquire(self, priority: Priority, max_wait_s: float | None, epoch: int) -> Ticket:
         now = self._clock()
         if self._live == 0 and self.has_room():
             self._active += 1
-            return Ticket(self, priority, 0.0)
+            return Ticket(self, priority, 0.0, epoch)
         if self._live >= self.settings.max_queue:
             self._reject("queue_full", "the admission queue is full", now)
         limit = now + self.settings.queue_timeout_s
@@ -178,13 +217,13 @@ class AdmissionQueue:
                 await asyncio.shield(waiter.future)
         except TimeoutError:
             if not self._withdraw(waiter):  # granted just as the timer fired: keep the slot
-                return Ticket(self, priority, self._clock() - now)
+                return Ticket(self, priority, self._clock() - now, epoch)
             self._reject(reason, _message(reason), self._clock())
         except BaseException:
             if not self._withdraw(waiter):
                 self._release()  # granted, but the caller is gone: pass the slot on
             raise
-        return Ticket(self, priority, self._clock() - now)
+        return Ticket(self, priority, self._clock() - now, epoch)
 
     @asynccontextmanager
     async def slot(

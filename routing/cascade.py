@@ -18,7 +18,10 @@ Signals (``CASCADE_FEATURES``), all cheap, computed from the small answer and th
   carried them (a ``small_logprobs`` list per row); the shipped artifact was trained on the
   GSM8K dev answers, which have none, so it ignores them.
 
-A truncated answer (``finish_reason == "length"``) or an empty one always escalates. Otherwise a
+A truncated answer (``finish_reason == "length"``) or an empty one always escalates, except a
+cut the caller's own ``max_tokens`` made (the large tier would be cut there too). A tool call is
+an answer, never an empty one: the text signals say nothing of it and are unknown (set to their
+training mean, as at a commit point), so difficulty and logprobs judge it. Otherwise a
 learned combiner (two L2-regularised logistic regressions over the standardised signals, as in
 ``routing.difficulty``) estimates the gain of the large tier, ``P(large correct) - P(small
 correct)``, and the answer escalates iff that gain reaches the threshold. The reason names the
@@ -38,7 +41,8 @@ chunks and relays the rest of the small stream, or drops them and streams the la
   their training mean (``SmallAnswer(complete=False)``), so the verdict leans on the logprobs,
   arithmetic seen so far, hedges and difficulty. Past the commit point the small answer stands.
 
-If the large tier then fails, the gateway falls back to the held small answer and says so.
+If the large tier then fails, the gateway falls back to the small answer read whole and says
+so (a small stream held to N tokens was closed at the verdict: the failure is the answer).
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ LOGPROB_FEATURES = frozenset({"mean_logprob", "min_logprob"})
 NEEDS_COMPLETE_ANSWER = frozenset(
     {"no_final_answer", "non_integer_final", "text_after_final", "log_words"}
 )
+# Read from the answer's text: unknown for an answer that is only tool calls.
+TEXT_FEATURES = frozenset(CASCADE_FEATURES) - {"difficulty"} - LOGPROB_FEATURES
 
 REASONS = {
     "no_final_answer": "no clear final answer",
@@ -190,6 +196,8 @@ class SmallAnswer:
     token_logprobs: Sequence[float] | None = None
     finish_reason: str | None = None
     complete: bool = True  # False when judged at a commit point before the end
+    tool_calls: int = 0  # the tool calls it makes (an answer even without text)
+    callers_limit: bool = False  # a "length" finish is the caller's own max_tokens
 
 
 def answer_signals(answer: SmallAnswer, difficulty: float) -> dict[str, float]:
@@ -215,9 +223,11 @@ def answer_signals(answer: SmallAnswer, difficulty: float) -> dict[str, float]:
         "mean_logprob": float(np.mean(logprobs)) if logprobs else math.nan,
         "min_logprob": float(np.min(logprobs)) if logprobs else math.nan,
     }
-    if not answer.complete:
-        for name in NEEDS_COMPLETE_ANSWER:
-            signals[name] = math.nan
+    unknown = set() if answer.complete else set(NEEDS_COMPLETE_ANSWER)
+    if answer.tool_calls and not text.strip():
+        unknown |= TEXT_FEATURES
+    for name in unknown:
+        signals[name] = math.nan
     return signals
 
 
@@ -339,9 +349,9 @@ class CascadeVerifier:
 
 
 def _forced_reason(answer: SmallAnswer) -> str | None:
-    if answer.complete and answer.finish_reason == "length":
+    if answer.complete and answer.finish_reason == "length" and not answer.callers_limit:
         return "answer truncated (finish_reason=length)"
-    if answer.complete and not answer.text.strip():
+    if answer.complete and not answer.text.strip() and not answer.tool_calls:
         return "empty answer"
     return None
 

@@ -24,8 +24,9 @@ late, so its hedges would mostly lose; a slow replica's is not. A wait longer th
 the replica recently did is always worth a hedge.
 
 ``HedgePolicy`` ties these together for one surface, and closes the loop on the latency
-tracker: the hedge goes to the router's choice unless that replica is predicted slower than
-the typical candidate (then to the one predicted fastest), and the attempt that lost a race
+tracker: the hedge goes to the given replica (the least loaded other one: asking the router
+would move its turn) unless that replica is predicted slower than the typical candidate (then
+to the one predicted fastest), and the attempt that lost a race
 is recorded as censored (``ReplicaLatency.observe_lost``), so a replica whose attempts keep
 being cancelled predicts slow instead of looking fast and idle.
 """
@@ -138,15 +139,15 @@ class HedgePolicy:
             return False
         return self.budget.try_hedge()
 
-    def target(self, router_choice: Replica, rest: Sequence[Replica]) -> Replica:
-        """Where the hedge goes: the router's choice (it may hold the prompt's prefix) unless
-        it is predicted slower than the typical candidate; then the one predicted fastest."""
+    def target(self, pick: Replica, rest: Sequence[Replica]) -> Replica:
+        """Where the hedge goes: ``pick`` (the least loaded other replica) unless it is predicted
+        slower than the typical candidate; then the one predicted fastest."""
         predicted = [(p, r) for r in rest if (p := self.latency.predict(r)) is not None]
         if len(predicted) < 2:
-            return router_choice
-        mine = self.latency.predict(router_choice)
+            return pick
+        mine = self.latency.predict(pick)
         if mine is not None and mine <= statistics.median(p for p, _ in predicted):
-            return router_choice
+            return pick
         return min(predicted, key=lambda pr: pr[0])[1]
 
     def lost(self, replica: Replica, elapsed_ms: float) -> None:

@@ -720,12 +720,46 @@ class Http1Pool:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first request
+        # The backend pools that send through these connections, each with its limit: a
+        # reload's new pool shares the connections of the pool it replaces while that one
+        # drains, so the newest limit bounds the replica's connections, old and new together.
+        self._holders: list[tuple[object, int]] = []
         authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self._host_line = f"Host: {authority}\r\nAccept-Encoding: {ACCEPT_ENCODING}\r\n"
 
     @property
     def open_connections(self) -> int:
         return self._open
+
+    @property
+    def open(self) -> bool:
+        return not self._closed
+
+    def share(self, max_connections: int) -> object:
+        """One more pool sends through these connections; its ``max_connections`` (the newest
+        holder's) bounds them all. Returns the token to give back to ``unshare``."""
+        token = object()
+        self._holders.append((token, max_connections))
+        self._limit(max_connections)
+        return token
+
+    def unshare(self, token: object) -> None:
+        """A pool is done with these connections; the last one closes them."""
+        self._holders = [h for h in self._holders if h[0] is not token]
+        if self._holders:
+            self._limit(self._holders[-1][1])
+        else:
+            self.close()
+
+    def _limit(self, max_connections: int) -> None:
+        self.max_connections = max_connections
+        surplus = self._open - max_connections
+        while surplus > 0 and self._idle:  # lowered: idle connections past it go
+            self._idle.pop(0).abort()
+            surplus -= 1
+        for waiter in self._waiters:  # raised: waiters may connect now
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def post(
         self,
@@ -773,13 +807,14 @@ class Http1Pool:
         while True:
             if self._closed:
                 raise CannotConnect("the backend is stopping")
-            while reuse and self._idle:
+            in_use = self._open - len(self._idle)
+            while reuse and self._idle and in_use < self.max_connections:
                 conn = self._idle.pop()
                 if not conn.closed:
                     return conn
             if self._open < self.max_connections:
                 return await self._connect(loop, connect_s)
-            if not reuse and self._idle:
+            if not reuse and self._idle and in_use < self.max_connections:
                 # The oldest idle one makes room: its connection_lost frees a slot and wakes
                 # the first waiter.
                 self._idle.pop(0).abort()
@@ -813,7 +848,7 @@ class Http1Pool:
         return conn
 
     def idle(self, conn: _Conn) -> None:
-        if self._closed:
+        if self._closed or self._open > self.max_connections:  # closed, or over a lowered limit
             conn.abort()
             return
         self._idle.append(conn)

@@ -17,7 +17,10 @@ if it were the TTFT would bias it low the same way. ``observe_lost`` records ins
 median of the replica's own recent TTFTs above that time (the conditional median: a cheap
 form of the Kaplan-Meier estimator's redistribution of censored mass to the right), or the
 elapsed time itself when none was that long, so a replica that keeps losing races predicts
-slow.
+slow. Those imputed values feed the prediction and the hedge delay's quantiles, never the
+expected remaining wait of a late first token (``remaining_ttft_ms``), nor a later
+imputation: that reads only first tokens that came (a replica cancelled 60 ms in, again and
+again, must not look about to answer 61 ms in).
 
 Prediction (budget-aware replica choice):
 
@@ -43,6 +46,7 @@ from routing.window import RollingHistogram
 @dataclass(slots=True)
 class _Stats:
     ttft: RollingHistogram
+    came: RollingHistogram  # first tokens that came (not a lost race's imputed value)
     base_ms: float | None = None
     queue_avg: float = 0.0
     itl_ms: float | None = None
@@ -90,16 +94,25 @@ class ReplicaLatency:
         stats = self._stats.get(key)
         if stats is None:
             hist = RollingHistogram(self.window_s, slots=6, clock=self._clock)
-            stats = self._stats[key] = _Stats(hist)
+            came = RollingHistogram(self.window_s, slots=6, clock=self._clock)
+            stats = self._stats[key] = _Stats(hist, came)
         return stats
 
     # --- observations ---------------------------------------------------------------------
 
     def observe_ttft(
-        self, key: str, ttft_ms: float, *, queue: float = 0.0, uncached_tokens: int = 0
+        self,
+        key: str,
+        ttft_ms: float,
+        *,
+        queue: float = 0.0,
+        uncached_tokens: int = 0,
+        censored: bool = False,
     ) -> None:
         s = self._get(key)
         s.ttft.observe(ttft_ms)
+        if not censored:
+            s.came.observe(ttft_ms)
         base = max(ttft_ms - self.prefill_ms_per_token * uncached_tokens, 0.0)
         a = self.alpha
         if s.base_ms is None:
@@ -113,8 +126,8 @@ class ReplicaLatency:
         """An attempt on ``key`` was cancelled ``elapsed_ms`` after it was sent, before its
         first chunk (it lost a hedge race): record the TTFT it would probably have had."""
         s = self._stats.get(key)
-        beyond = None if s is None else s.ttft.quantile_above(0.5, elapsed_ms)
-        self.observe_ttft(key, max(beyond or 0.0, elapsed_ms), queue=queue)
+        beyond = None if s is None else s.came.quantile_above(0.5, elapsed_ms)
+        self.observe_ttft(key, max(beyond or 0.0, elapsed_ms), queue=queue, censored=True)
 
     def observe_itl(self, key: str, itl_ms: float) -> None:
         s = self._get(key)
@@ -156,11 +169,12 @@ class ReplicaLatency:
     def remaining_ttft_ms(self, key: str, elapsed_ms: float) -> float | None:
         """Median time still to wait for a first chunk already ``elapsed_ms`` late on ``key``:
         the median of its recent TTFTs above ``elapsed_ms``, minus ``elapsed_ms``. None when
-        no recent TTFT was that long (the replica is slower than anything seen)."""
+        no recent first token took that long (the replica is slower than anything seen). Lost
+        races' imputed values are left out: each is only a lower bound."""
         s = self._stats.get(key)
         if s is None:
             return None
-        above = s.ttft.quantile_above(0.5, elapsed_ms)
+        above = s.came.quantile_above(0.5, elapsed_ms)
         return None if above is None else max(above - elapsed_ms, 0.0)
 
     def itl_ms(self, key: str) -> float | None:

@@ -6,6 +6,12 @@ one connection pool each), with at most ``max_connections`` open connections per
 reload drops is stopped at once but its session closes only when its last request has ended
 (or after ``drain_s``), so answers in flight are not cut.
 
+Across a reload the bounds per replica hold for the replica, not per pool: a new pool shares,
+by replica URL, the in-flight counts of the pools it replaces (``share_in_flight``: routing and
+admission's ``max_outstanding_per_replica`` count the requests still draining there) and, once
+the reload is accepted, their lean connections (``take_over``: one ``Http1Pool`` per replica,
+under the newest ``max_connections``) and the backend's admission queue.
+
 Active checks (``GET /health`` on vLLM replicas) run every ``health.interval_s`` and decide
 health on their own: a failed check takes a replica out, a passing one brings it back. Passive
 ejection (consecutive connect errors or 5xx from proxied requests) is recorded on the
@@ -18,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -63,8 +69,10 @@ class BackendPool:
     _task: asyncio.Task[None] | None = None
     _session: aiohttp.ClientSession | None = None
     _wires: dict[str, Http1Pool] = field(default_factory=dict)  # base_url: lean client
+    _wire_tokens: dict[str, object] = field(default_factory=dict)  # base_url: share token
     _scraper: MetricsScraper | None = None
     _router_running: bool = False
+    _queue_until: int | None = None  # the admission queue went to a new pool at this epoch
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -100,6 +108,31 @@ class BackendPool:
         key = self.settings.api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
+    def share_in_flight(self, previous: Iterable[BackendPool]) -> None:
+        """Count requests in flight with ``previous`` pools' replicas of the same URL."""
+        counts = {r.base_url: r.in_flight for pool in previous for r in pool.replicas}
+        for replica in self.replicas:
+            shared = counts.get(replica.base_url)
+            if shared is not None:
+                replica.in_flight = shared
+
+    def take_over(self, previous: Iterable[BackendPool], replaced: BackendPool | None) -> None:
+        """The reload is accepted: send through the previous pools' open lean connections
+        (one connection pool per replica, under this pool's ``max_connections``), and admit
+        through the queue of ``replaced`` (the same backend's pool), which goes on counting
+        the tickets it granted and its waiters."""
+        open_wires = {url: w for pool in previous for url, w in pool._wires.items() if w.open}
+        for url, mine in list(self._wires.items()):
+            theirs = open_wires.get(url)
+            if theirs is None:
+                continue
+            mine.unshare(self._wire_tokens[url])  # never used: no request came before the swap
+            self._wires[url] = theirs
+            self._wire_tokens[url] = theirs.share(self.settings.max_connections)
+        if replaced is not None and replaced.admission is not None and self.admission is not None:
+            replaced._queue_until = replaced.admission.follow(lambda: self.replicas)
+            self.admission = replaced.admission
+
     def wire(self, replica: Replica) -> Http1Pool | None:
         """The lean client's connections to ``replica``; None: requests go through aiohttp."""
         return self._wires.get(replica.base_url)
@@ -124,9 +157,9 @@ class BackendPool:
             for replica in self.replicas:
                 url = URL(replica.base_url)
                 if url.scheme == "http" and url.host is not None and url.port is not None:
-                    self._wires[replica.base_url] = Http1Pool(
-                        url.host, url.port, self.settings.max_connections
-                    )
+                    wire = Http1Pool(url.host, url.port, self.settings.max_connections)
+                    self._wires[replica.base_url] = wire
+                    self._wire_tokens[replica.base_url] = wire.share(self.settings.max_connections)
         await self.refresh()
         self._task = asyncio.create_task(self._loop(), name=f"pool-{self.name}")
         cfg = self.routing_config
@@ -135,8 +168,7 @@ class BackendPool:
             if isinstance(self.router, MetricsObserver):
                 listeners.append(self.router.observe_metrics)
             if self.admission is not None:
-                queue = self.admission
-                listeners.append(lambda _replica, _sample: queue.recheck())
+                listeners.append(lambda _replica, _sample: self._recheck_admission())
             self._scraper = MetricsScraper(
                 lambda: self.replicas,
                 cfg.scrape_interval_s,
@@ -163,15 +195,32 @@ class BackendPool:
             self._router_running = False
             await self.router.stop()
         waited = 0.0
-        while waited < drain_s and any(r.outstanding for r in self.replicas):
+        while waited < drain_s and self._busy():
             await asyncio.sleep(0.5)
             waited += 0.5
-        for wire in self._wires.values():
-            wire.close()
+        for url, wire in self._wires.items():
+            wire.unshare(self._wire_tokens[url])  # closed unless a new pool sends through it
         self._wires.clear()
+        self._wire_tokens.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    def _recheck_admission(self) -> None:
+        if self.admission is not None:  # the queue in force (a reload may hand it on)
+            self.admission.recheck()
+
+    def _busy(self) -> bool:
+        """Requests sent through this pool, or admitted or queued by its admission queue (they
+        are sent through it next), not yet done."""
+        queue = self.admission
+        if queue is not None:
+            if self._queue_until is not None:  # the queue went on: what came before it
+                if queue.held_before(self._queue_until):
+                    return True
+            elif queue.active or queue.waiting:
+                return True
+        return any(r.own for r in self.replicas)
 
     async def refresh(self) -> None:
         if self.settings.active_health:

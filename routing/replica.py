@@ -22,6 +22,14 @@ from urllib.parse import urlsplit
 MAX_BACKOFF = 8  # a failed trial doubles the cooldown, up to this many times cooldown_s
 
 
+@dataclass(eq=False, slots=True)
+class InFlight:
+    """Requests in flight to one replica (its URL): a reload's new pool shares its count with
+    the pool it replaces, so the replica's load, and what admission allows, hold across it."""
+
+    n: int = 0
+
+
 @dataclass(eq=False)
 class Replica:
     backend: str
@@ -29,7 +37,8 @@ class Replica:
     eject_after: int = 3
     cooldown_s: float = 10.0
     healthy: bool = True
-    outstanding: int = 0
+    in_flight: InFlight = field(default_factory=InFlight, repr=False)
+    own: int = 0  # of ``outstanding``, the requests sent through this pool (what a drain awaits)
     consecutive_failures: int = 0
     ejected_at: float | None = None
     ejected_for: float = 0.0  # the cooldown of the current ejection (doubles on a failed trial)
@@ -49,6 +58,15 @@ class Replica:
         self.base_url = self.base_url.rstrip("/")
         parts = urlsplit(self.base_url)
         self.name = parts.netloc or self.base_url
+
+    @property
+    def outstanding(self) -> int:
+        """Requests in flight to this replica, through any pool (a replaced one included)."""
+        return self.in_flight.n
+
+    @outstanding.setter
+    def outstanding(self, value: int) -> None:
+        self.in_flight.n = value
 
     @property
     def root_url(self) -> str:
@@ -128,9 +146,11 @@ class LoadGuard:
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
         self._released = False
-        replica.outstanding += 1
+        replica.in_flight.n += 1
+        replica.own += 1
 
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self.replica.outstanding -= 1
+            self.replica.in_flight.n -= 1
+            self.replica.own -= 1

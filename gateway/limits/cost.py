@@ -141,6 +141,12 @@ def cost_pico(price: Price, usage: Usage) -> int:
     )
 
 
+def most_cost(price: Price, input_tokens: int, output_tokens: int) -> int:
+    """The most an answer of these token counts may cost: every input token at the dearer of
+    the cached and the uncached price (what a budget holds while the answer runs)."""
+    return input_tokens * max(price.input, price.cached_input) + output_tokens * price.output
+
+
 def usd_text(pico: int) -> str:
     """Exact decimal USD: ``4350000`` pUSD -> ``"0.00000435"``; zero -> ``"0"``."""
     text = format(Decimal(pico).scaleb(-12), "f")

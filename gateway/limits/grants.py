@@ -19,12 +19,9 @@ Why the limits stay exact:
   tenant's limit admits exactly the limit, as without grants;
 * a request's token reservation is reconciled with its real usage as any other (its settlement
   is the same), and its lease is its own, released when it ends;
-* a budget is checked against the spend Redis reported when the grant was taken (at most
-  ``ttl_s`` old); a grant is taken only while what is left of the budget is at least
-  ``HEADROOM`` times the grant's requests at the costliest answer this instance has settled
-  for the tenant (none settled yet: no grant), and never past ``BUDGET_SHARE`` of it; from
-  there every request reads the spend afresh, so a budget of a few requests is refused
-  exactly as without grants.
+* a subject with a budget takes no grant: each of its requests holds its own worst-case cost
+  in the store until it settles (``gateway.limits.store.Hold``), which units taken for
+  requests not yet known could not do, so it asks the store on every request.
 
 While a check taking a grant is in flight, the subject's other requests on this instance wait
 for it and draw from it (then check themselves if it cannot serve them): a burst does not race
@@ -50,7 +47,6 @@ from gateway.limits.headers import RateView
 from gateway.limits.store import AcquireRequest, AcquireResult, BucketTake
 
 HEADROOM = 64  # a grant of n needs HEADROOM x n left in every limit it takes from
-BUDGET_SHARE = 0.8  # no grant once the budget's spend reaches this share of its cap
 MIN_GRANT = 2  # smaller grants are not worth their return write
 
 Kind = Literal["requests", "tokens"]
@@ -66,19 +62,15 @@ class Grant:
     leases: list[str]  # unused lease ids, one per request left (when the subject has slots)
     slots: tuple[str, ...]  # the slot sets the leases are in
     requests: int  # requests left
-    budget_key: str | None  # the budget window's record the spend was read from
-    spend: int  # pUSD, as Redis reported it when the grant was taken
     debts: tuple[int, ...]  # per bucket, as the check left them (the grant's units included)
     found_at: float  # the limiter's clock (Unix seconds) at the check
     expires: float  # time.monotonic()
     returned: bool = False
     timer: asyncio.TimerHandle | None = None  # gives it back at ``expires``
 
-    def fits(self, tokens: int, budget_key: str | None, now: float) -> bool:
+    def fits(self, tokens: int, now: float) -> bool:
         if self.returned or self.requests <= 0 or now >= self.expires:
             return False
-        if budget_key != self.budget_key:
-            return False  # the budget's window turned since
         return all(
             k == "requests" or left >= tokens for k, left in zip(self.kinds, self.left, strict=True)
         )
@@ -122,19 +114,12 @@ def size(
     result: AcquireResult,
     kinds: tuple[Kind, ...],
     tokens: int,
-    budget_cap: int | None,
-    costliest: int | None,
 ) -> int:
     """The grant the next check of this subject may take, from what this check found: 0 when
-    any limit is within ``HEADROOM`` grants of being reached, or the budget within ``HEADROOM``
-    grants of the costliest answer seen (``costliest``, pUSD; None: none seen yet)."""
+    any limit is within ``HEADROOM`` grants of being reached."""
     if most < MIN_GRANT:
         return 0
     room = most
-    if budget_cap is not None:
-        if costliest is None or result.spend >= budget_cap * BUDGET_SHARE:
-            return 0
-        room = min(room, (budget_cap - result.spend) // (HEADROOM * max(costliest, 1)))
     for take, debt, kind in zip(req.buckets, result.debts, kinds, strict=True):
         unit = 1 if kind == "requests" else max(tokens, 1)
         room = min(room, gcra.remaining(debt, take.rate) // (HEADROOM * unit))

@@ -1,8 +1,10 @@
 """Settlements: what a finished request writes, written once even when the store falters.
 
-One settlement per request: its token reconciliation, its lease release and its usage in the
-tenant's day, week and month records, as one store call carrying an id (the store runs an id
-at most once). Budget alerts are decided on the store's answer (``gateway.limits.usage``).
+One settlement per request: its token reconciliation, its lease and budget hold releases and
+its usage in the tenant's day, week and month records, as one store call carrying an id (the
+store runs an id at most once; a hold is released at most once whatever runs, as its member
+leaves the hold set once). Budget alerts are decided on the store's answer
+(``gateway.limits.usage``).
 
 When the store is unavailable, nothing a tenant spent is lost and nothing is counted twice:
 
@@ -13,8 +15,9 @@ When the store is unavailable, nothing a tenant spent is lost and nothing is cou
   ``uncertain_merged``, since it may then be counted twice);
 
 and both are written by the next successful settlement, or by ``flush`` (the limiter calls it
-every few seconds). Token adjustments and lease releases are not kept: the buckets drain and
-the leases expire on their own.
+every few seconds). Token adjustments, lease and hold releases are not kept: the buckets drain
+and the leases and holds expire on their own (their holder stops renewing them), a hold
+erring on the safe side meanwhile (it holds more of the budget than is spent).
 
 A request that holds nothing (its tenant has no limit and no budget) only adds usage: ``defer``
 merges it into ``pending`` the same way, and the limiter flushes within a quarter second, so
@@ -32,6 +35,7 @@ from gateway.limits.rules import Keys, Subject
 from gateway.limits.store import (
     SPEND,
     BucketAdjust,
+    Hold,
     LimitStore,
     SettleRequest,
     StoreUnavailable,
@@ -116,6 +120,7 @@ class Ledger:
         slots: tuple[str, ...],
         lease_id: str,
         record: UsageRecord | None,
+        holds: tuple[Hold, ...] = (),
     ) -> None:
         entries: list[_Entry] = []
         if record is not None:
@@ -123,8 +128,8 @@ class Ledger:
             fields = record.fields()
             for window, key in self._records(subject.tenant, now):
                 entries.append(_Entry(UsageAdd(key, window.keep_s(now), fields), subject, window))
-        if adjusts or slots or entries:
-            req = self._request(subject.tenant, adjusts, slots, lease_id, entries)
+        if adjusts or slots or entries or holds:
+            req = self._request(subject.tenant, adjusts, slots, lease_id, entries, holds)
             if not await self._send(req, entries):
                 return
         if self.waiting:
@@ -183,6 +188,7 @@ class Ledger:
         slots: tuple[str, ...],
         lease_id: str,
         entries: list[_Entry],
+        holds: tuple[Hold, ...] = (),
     ) -> SettleRequest:
         sid = f"{self._id_prefix}-{next(self._ids)}"
         return SettleRequest(
@@ -191,6 +197,7 @@ class Ledger:
             lease_id,
             tuple(e.add for e in entries),
             self._now_ms(),
+            holds=holds,
             id=sid,
             done_key=f"{self.keys.scope(tenant)}:done:{sid}",
         )

@@ -2,17 +2,22 @@
 
 ``admit`` makes one store call for everything that binds the request (budget, requests and
 tokens per minute, concurrency; the tenant's own and on its surface): all are taken, or none
-and ``LimitExceeded`` says which and when to retry. Tokens are reserved from an estimate;
-``finish`` (in the background, off the request's time) reconciles them with the real usage
-(or gives them all back when the request failed), releases the concurrency lease and adds the
-usage and cost to the tenant's day, week and month records, firing budget alerts.
+and ``LimitExceeded`` says which and when to retry. Tokens are reserved from an estimate, and
+under a budget the request's worst-case cost is held (``gateway.limits.store.Hold``: admitted
+only while the budget covers what is spent, what requests in flight hold and this one);
+``finish`` (in the background, off the request's time) reconciles the tokens with the real
+usage (or gives them all back when the request failed), releases the concurrency lease and
+the hold and adds the usage and cost to the tenant's day, week and month records, firing
+budget alerts, in one store call.
 
 With ``grant_requests`` (the Redis store: ``shared_state.grant_requests``), a check made while
 every limit is far from reached also takes a grant for the instance's next few requests of
-that subject, admitted in memory (``gateway.limits.grants``: why that stays exact).
+that subject, admitted in memory (``gateway.limits.grants``: why that stays exact). A subject
+with a budget takes none: each of its requests holds its own cost in the store.
 
-Concurrency leases expire after ``lease_ttl_s`` unless renewed: this instance renews the
-leases it holds every third of that, so a crashed instance's slots come back within the TTL.
+Concurrency leases and budget holds expire after ``lease_ttl_s`` unless renewed: this
+instance renews those it holds every third of that, so a crashed instance's slots and holds
+come back within the TTL.
 
 The store unavailable (Redis down): ``fail_open`` admits without limits (the budget is not
 checked either), otherwise requests are refused (``reason="unavailable"``). Either way each
@@ -34,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.limits import gcra, grants
+from gateway.limits.cost import usd_text
 from gateway.limits.grants import Grant
 from gateway.limits.headers import RateView, rate_headers, retry_headers
 from gateway.limits.ledger import Ledger
@@ -44,6 +50,7 @@ from gateway.limits.store import (
     BucketAdjust,
     BucketTake,
     BudgetGate,
+    Hold,
     LimitStore,
     SlotTake,
     StoreUnavailable,
@@ -77,7 +84,8 @@ class Admission:
     slots: tuple[str, ...] = ()
     lease_id: str = ""
     spend: int = 0  # pUSD in the budget's window when admitted
-    downgrade: bool = False  # budget spent and on_exhausted: downgrade
+    hold: Hold | None = None  # the worst-case cost held against the budget until it settles
+    downgrade: bool = False  # the budget cannot cover it and on_exhausted: downgrade
     degraded: bool = False  # admitted without limits: the store was unavailable
     settled: bool = field(default=False)
 
@@ -115,10 +123,10 @@ class Limiter:
         self._grant_next: dict[Subject, int] = {}  # the grant the next check may take
         # A check taking a grant is in flight: the subject's other requests wait for it.
         self._granting: dict[Subject, asyncio.Event] = {}
-        self._costliest: dict[str, int] = {}  # tenant -> the costliest answer settled (pUSD)
         self.keys = keys or Keys()
         self._clock = clock
-        self._leases: dict[str, tuple[str, ...]] = {}
+        # a request's lease id -> what it renews: (slot set, lease id), (hold set, member)
+        self._leases: dict[str, tuple[tuple[str, str], ...]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._renewer: asyncio.Task[None] | None = None
         self._retimed = asyncio.Event()  # the lease TTL changed: renew now, at the new pace
@@ -194,19 +202,15 @@ class Limiter:
 
     # ---- admission -----------------------------------------------------------------------
 
-    async def admit(self, subject: Subject, tokens: int) -> Admission:
-        """Take every limit of ``subject`` for one request reserving ``tokens``, or raise."""
+    async def admit(self, subject: Subject, tokens: int, cost: int = 0) -> Admission:
+        """Take every limit of ``subject`` for one request reserving ``tokens`` and, under a
+        budget, holding ``cost`` (pUSD: the most its answer may cost), or raise."""
         if not subject.limited and subject.budget is None:
             return Admission(subject)
-        budget = subject.budget
-        gate = None
-        if budget is not None:
-            window = window_of(budget.window, self.now_s())
-            key = self.keys.record(subject.tenant, window)
-            gate = BudgetGate(key, budget.cap, refuse=budget.on_exhausted == "reject")
-        budget_key = gate.key if gate else None
+        if subject.budget is not None:
+            return await self._check(subject, tokens, 0, cost)  # no grant: module comment
         grant = self._grants.get(subject)
-        if grant is not None and grant.fits(tokens, budget_key, time.monotonic()):
+        if grant is not None and grant.fits(tokens, time.monotonic()):
             return self._from_grant(subject, grant, tokens)
         coming = self._granting.get(subject)
         if coming is not None:
@@ -214,14 +218,14 @@ class Limiter:
             # otherwise take the limit with checks of its own and leave the grant unused).
             await coming.wait()
             grant = self._grants.get(subject)
-            if grant is not None and grant.fits(tokens, budget_key, time.monotonic()):
+            if grant is not None and grant.fits(tokens, time.monotonic()):
                 return self._from_grant(subject, grant, tokens)
-            return await self._check(subject, tokens, gate, 0)
+            return await self._check(subject, tokens, 0)
         more = self._grant_next.get(subject, 0)
         if more:
             coming = self._granting[subject] = asyncio.Event()
             try:
-                return await self._check(subject, tokens, gate, more)
+                return await self._check(subject, tokens, more)
             except LimitExceeded as exc:
                 if exc.reason == "unavailable":
                     raise
@@ -230,14 +234,27 @@ class Limiter:
             finally:
                 del self._granting[subject]
                 coming.set()
-        return await self._check(subject, tokens, gate, 0)
+        return await self._check(subject, tokens, 0)
 
-    async def _check(
-        self, subject: Subject, tokens: int, gate: BudgetGate | None, more: int
-    ) -> Admission:
-        """One store call: this request's limits, and ``more`` requests' for a grant."""
+    def _gate(self, subject: Subject, hold_id: str, cost: int) -> BudgetGate | None:
+        budget = subject.budget
+        if budget is None:
+            return None
+        now = self.now_s()
+        window = window_of(budget.window, now)
+        key = self.keys.record(subject.tenant, window)
+        refuse = budget.on_exhausted == "reject"
+        if cost <= 0:
+            return BudgetGate(key, budget.cap, refuse)
+        return BudgetGate(key, budget.cap, refuse, Hold.of(key, hold_id, cost), window.keep_s(now))
+
+    async def _check(self, subject: Subject, tokens: int, more: int, cost: int = 0) -> Admission:
+        """One store call: this request's limits (its cost held under a budget), and ``more``
+        requests' for a grant."""
         buckets, slots, kinds = self._takes(subject, tokens)
-        lease_id = f"{self._lease_prefix}-{next(self._ids)}" if slots else ""
+        holding = cost > 0 and subject.budget is not None
+        lease_id = f"{self._lease_prefix}-{next(self._ids)}" if slots or holding else ""
+        gate = self._gate(subject, lease_id, cost)
         asked_b, asked_s = buckets, slots
         if more:
             asked_b = [BucketTake(b.key, b.rate, b.amount * (1 + more)) for b in buckets]
@@ -254,20 +271,13 @@ class Limiter:
             requests = _view(req, result, kinds, "requests")
             tokens_view = _view(req, result, kinds, "tokens")
             raise self._refusal(subject, req, result, kinds, requests, tokens_view)
-        budget = subject.budget
-        if self.grant_requests:
+        if self.grant_requests and gate is None:
             if len(self._grant_next) > 4096:  # subjects of policies reloaded away
                 self._grant_next.clear()
-            # Sized on what this check found, its own grant taken: 0 when any limit (or the
-            # budget) is now too close for one, and then a grant just taken goes back at once.
+            # Sized on what this check found, its own grant taken: 0 when any limit is now too
+            # close for one, and then a grant just taken goes back at once.
             self._grant_next[subject] = grants.size(
-                self.grant_requests,
-                req,
-                result,
-                tuple(k for k, _ in kinds),
-                tokens,
-                budget.cap if budget is not None else None,
-                self._costliest.get(subject.tenant),
+                self.grant_requests, req, result, tuple(k for k, _ in kinds), tokens
             )
         own = lease_id
         views = (_view(req, result, kinds, "requests"), _view(req, result, kinds, "tokens"))
@@ -283,8 +293,6 @@ class Limiter:
                 leases=leases[1:],
                 slots=tuple(s.key for s in slots),
                 requests=more,
-                budget_key=gate.key if gate is not None else None,
-                spend=result.spend,
                 debts=result.debts,
                 found_at=seen,
                 expires=now + self.grant_ttl_s,
@@ -293,8 +301,12 @@ class Limiter:
             views = (grant.view("requests", seen), grant.view("tokens", seen))
             if not self._grant_next[subject]:
                 self._give_back(subject, grant)
-        if slots:
-            self._leases[own] = tuple(s.key for s in slots)
+        hold = gate.hold if gate is not None and not result.over_budget else None
+        renewed = tuple((s.key, own) for s in slots)
+        if hold is not None:
+            renewed += ((hold.key, hold.member),)
+        if renewed:
+            self._leases[own] = renewed
         return Admission(
             subject,
             views[0],
@@ -303,7 +315,8 @@ class Limiter:
             slots=tuple(s.key for s in slots),
             lease_id=own,
             spend=result.spend,
-            downgrade=budget is not None and result.spend >= budget.cap,
+            hold=hold,
+            downgrade=result.over_budget,  # admitted over the budget: on_exhausted downgrade
         )
 
     # ---- grants (gateway.limits.grants) -----------------------------------------------------
@@ -320,7 +333,7 @@ class Limiter:
         reserved, lease = grant.draw(tokens)
         self.counts.granted += 1
         if lease:
-            self._leases[lease] = grant.slots
+            self._leases[lease] = tuple((key, lease) for key in grant.slots)
         seen = self.now_s()
         admission = Admission(
             subject,
@@ -329,7 +342,6 @@ class Limiter:
             reserved=reserved,
             slots=grant.slots if lease else (),
             lease_id=lease,
-            spend=grant.spend,
         )
         if grant.requests == 0:
             self._give_back(subject, grant)  # its unused tokens
@@ -401,15 +413,9 @@ class Limiter:
         headers = rate_headers(requests, tokens)
         tenant = subject.tenant
         if result.blocked_by == "budget":
-            assert subject.budget is not None
-            window = window_of(subject.budget.window, self.now_s())
-            wait = int(window.seconds_left(self.now_s()) * 1000)
-            return LimitExceeded(
-                "budget",
-                f"tenant {tenant!r} has spent its {_ADJECTIVE[window.kind]} budget of "
-                f"{subject.budget.usd} USD; it renews at {window.end.isoformat()}",
-                {**headers, **retry_headers(wait)},
-            )
+            assert req.budget is not None
+            message, wait = self._budget_refusal(subject, req.budget, result)
+            return LimitExceeded("budget", message, {**headers, **retry_headers(wait)})
         if result.blocked_by == "slot":
             limit = req.slots[result.blocked_index].limit
             return LimitExceeded(
@@ -434,6 +440,39 @@ class Limiter:
             kind,
             message,
             {**headers, **retry_headers(result.wait_ms)},
+        )
+
+    def _budget_refusal(
+        self, subject: Subject, gate: BudgetGate, result: AcquireResult
+    ) -> tuple[str, int | None]:
+        """Why the budget cannot cover the request, and when to retry (None: never)."""
+        assert subject.budget is not None
+        now = self.now_s()
+        window = window_of(subject.budget.window, now)
+        budget = f"{_ADJECTIVE[window.kind]} budget of {subject.budget.usd} USD"
+        renews = int(window.seconds_left(now) * 1000)
+        tenant, spend = subject.tenant, result.spend
+        cost = gate.hold.amount if gate.hold is not None else 0
+        worst = (
+            f"this request may cost up to {usd_text(cost)} USD (its prompt estimate plus "
+            "max_tokens, or the expected output without it, at its costliest model's price)"
+        )
+        if spend >= gate.cap:
+            why = f"tenant {tenant!r} has spent its {budget}; it renews at {window.end.isoformat()}"
+            return why, renews
+        if cost > gate.cap:
+            return f"request too costly for tenant {tenant!r}'s {budget}: {worst}", None
+        left = usd_text(gate.cap - spend)
+        if spend + cost > gate.cap:
+            return (
+                f"tenant {tenant!r} has {left} USD left of its {budget} and {worst}; "
+                f"it renews at {window.end.isoformat()}",
+                renews,
+            )
+        return (
+            f"requests in flight hold {usd_text(result.budget_held)} USD of the {left} USD left "
+            f"of tenant {tenant!r}'s {budget} and {worst}",
+            1000,
         )
 
     @property
@@ -480,12 +519,6 @@ class Limiter:
             return
         admission.settled = True
         subject = admission.subject
-        if record is not None and subject.budget is not None and self.grant_requests:
-            tenant = subject.tenant
-            if record.cost > self._costliest.get(tenant, -1):
-                if len(self._costliest) > 4096:  # tenants of policies reloaded away
-                    self._costliest.clear()
-                self._costliest[tenant] = record.cost
         if not subject.limited and subject.budget is None:
             if record is not None:
                 self.ledger.defer(subject, record)
@@ -507,8 +540,9 @@ class Limiter:
             for b in admission.reserved
             if used != b.amount
         )
+        holds = (admission.hold,) if admission.hold is not None else ()
         await self.ledger.settle(
-            admission.subject, adjusts, admission.slots, admission.lease_id, record
+            admission.subject, adjusts, admission.slots, admission.lease_id, record, holds
         )
 
     async def flush(self) -> None:
@@ -530,7 +564,7 @@ class Limiter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._retimed.wait(), self.lease_ttl_ms / 3000)
             self._retimed.clear()
-            leases = tuple((k, lid) for lid, ks in list(self._leases.items()) for k in ks)
+            leases = tuple(pair for pairs in list(self._leases.values()) for pair in pairs)
             with contextlib.suppress(StoreUnavailable):
                 await self.store.renew(leases, self.lease_ttl_ms, self._now_ms())
                 await self.ledger.flush()

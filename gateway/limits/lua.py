@@ -4,7 +4,8 @@ They mirror ``gateway.limits.gcra`` and ``gateway.limits.memory`` line for line.
 stays an integer below 2**53 (Lua numbers are doubles), so the arithmetic is exact:
 
 * a bucket is a hash ``{d: debt, t: ms}``, expiring once drained (plus a second);
-* a slot set is a sorted set of lease ids scored by their expiry (ms);
+* a slot set is a sorted set of lease ids scored by their expiry (ms), and so is a budget
+  window's hold set (members ``<id>=<micro-dollars>``, their total the record's ``held$.u``);
 * money is a pair of fields, ``<name>.u`` (whole micro-dollars) and ``<name>.p`` (the pUSD
   below one micro-dollar, kept under 10**6 by carrying), so a tenant's spend is exact up to
   about 9e12 USD; the client sends each amount already split the same way.
@@ -43,12 +44,15 @@ local function store(key, d, t, limit)
 end
 """
 
-# KEYS: buckets (nb), slot sets (ns), then the budget's usage record (when ARGV[6] ~= '').
+# KEYS: buckets (nb), slot sets (ns), then the budget's usage record and its hold set (when
+#       ARGV[6] ~= '').
 # ARGV: now|'', nb, ns, lease id, lease ttl ms, cap micro|'', cap pUSD rest, refuse 0|1,
-#       then per bucket: limit, period ms, amount; then per slot: limit, count (leases taken:
-#       1 is the lease id itself, more are ``<lease id>#0`` ... ``#count-1``, a grant).
+#       hold micro (0: none), hold member, record keep s, then per bucket: limit, period ms,
+#       amount; then per slot: limit, count (leases taken: 1 is the lease id itself, more are
+#       ``<lease id>#0`` ... ``#count-1``, a grant).
 # Returns: admitted, now, blocker (0, 1 bucket, 2 slot, 3 budget), index (1-based),
-#          wait ms (-1: never), spend micro, spend pUSD rest, debts..., held...
+#          wait ms (-1: never), spend micro, spend pUSD rest, over budget 0|1, held micro,
+#          debts..., held leases...
 ACQUIRE = (
     _COMMON
     + """
@@ -56,15 +60,35 @@ local now = now_ms(ARGV[1])
 local nb, ns = tonumber(ARGV[2]), tonumber(ARGV[3])
 local lease, ttl = ARGV[4], tonumber(ARGV[5])
 local blocker, index, wait = 0, 0, 0
-local su, sp = 0, 0
+local su, sp, over, hu = 0, 0, 0, 0
+local need = tonumber(ARGV[9])
+local rec, hk = KEYS[nb + ns + 1], KEYS[nb + ns + 2]
 if ARGV[6] ~= '' then
-  local row = redis.call('HMGET', KEYS[nb + ns + 1], 'spend$.u', 'spend$.p')
-  su, sp = tonumber(row[1]) or 0, tonumber(row[2]) or 0
+  local row = redis.call('HMGET', rec, 'spend$.u', 'spend$.p', 'held$.u')
+  su, sp, hu = tonumber(row[1]) or 0, tonumber(row[2]) or 0, tonumber(row[3]) or 0
+  if hu > 0 then
+    -- holds their holder stopped renewing (a crashed instance) are reclaimed
+    local gone = redis.call('ZRANGEBYSCORE', hk, '-inf', now)
+    for _, m in ipairs(gone) do hu = hu - tonumber(string.match(m, '=(%d+)$')) end
+    if #gone > 0 then redis.call('ZREMRANGEBYSCORE', hk, '-inf', now) end
+    if hu <= 0 or redis.call('EXISTS', hk) == 0 then
+      hu = 0
+      redis.call('HDEL', rec, 'held$.u')
+    elseif #gone > 0 then
+      redis.call('HSET', rec, 'held$.u', hu)
+    end
+  end
   local cu, cp = tonumber(ARGV[6]), tonumber(ARGV[7])
-  if ARGV[8] == '1' and (su > cu or (su == cu and sp >= cp)) then blocker = 3 end
+  if su > cu or (su == cu and sp >= cp) then
+    over = 1
+  elseif need > 0 then
+    local u = su + hu + need
+    if u > cu or (u == cu and sp > cp) then over = 1 end
+  end
+  if over == 1 and ARGV[8] == '1' then blocker = 3 end
 end
 local debts, stamps, held = {}, {}, {}
-local a = 9
+local a = 12
 for i = 1, nb do
   local limit, period, amount = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   a = a + 3
@@ -95,7 +119,7 @@ for j = 1, ns do
   if blocker == 0 and held[j] + count > limit then blocker, index = 2, j end
 end
 if blocker == 0 then
-  a = 9
+  a = 12
   for i = 1, nb do
     local limit, period, amount = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     a = a + 3
@@ -116,20 +140,27 @@ if blocker == 0 then
     redis.call('PEXPIRE', KEYS[nb + j], ttl + 1000)
     held[j] = held[j] + counts[j]
   end
+  if need > 0 and over == 0 and ARGV[6] ~= '' then
+    redis.call('ZADD', hk, now + ttl, ARGV[10])
+    redis.call('PEXPIRE', hk, ttl + 1000)
+    hu = hu + need
+    redis.call('HSET', rec, 'held$.u', hu)
+    if redis.call('TTL', rec) < 0 then redis.call('EXPIRE', rec, tonumber(ARGV[11])) end
+  end
 end
-local out = {blocker == 0 and 1 or 0, now, blocker, index, wait, su, sp}
+local out = {blocker == 0 and 1 or 0, now, blocker, index, wait, su, sp, over, hu}
 for i = 1, nb do out[#out + 1] = debts[i] end
 for j = 1, ns do out[#out + 1] = held[j] end
 return out
 """
 )
 
-# KEYS: adjusted buckets (na), slot sets to leave (nr), usage records, then the settlement's
-#       done key (when ARGV[5] ~= '').
-# ARGV: now|'', na, nr, lease ids (space-separated), settlement id|'', group count, then
-#       per bucket: limit, period ms, delta; then per group of records sharing their fields
-#       (a request's day, week and month): record count, each record's keep s, field count,
-#       then per field: name, value (money: micro), pUSD rest.
+# KEYS: adjusted buckets (na), slot sets to leave (nr), per hold released (nh): its record and
+#       its hold set, then usage records, then the settlement's done key (when ARGV[5] ~= '').
+# ARGV: now|'', na, nr, lease ids (space-separated), settlement id|'', group count, nh, then
+#       per bucket: limit, period ms, delta; then per hold: member, micro; then per group of
+#       records sharing their fields (a request's day, week and month): record count, each
+#       record's keep s, field count, then per field: name, value (money: micro), pUSD rest.
 # Returns: per record, its spend: micro, pUSD rest; or -1 when this id has run already.
 SETTLE = (
     _COMMON
@@ -140,8 +171,8 @@ local lease = ARGV[4]
 if ARGV[5] ~= '' then
   if not redis.call('SET', KEYS[#KEYS], 1, 'NX', 'EX', 3600) then return -1 end
 end
-local groups = tonumber(ARGV[6])
-local a = 7
+local groups, nh = tonumber(ARGV[6]), tonumber(ARGV[7])
+local a = 8
 for i = 1, na do
   local limit, period, delta = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   a = a + 3
@@ -155,8 +186,18 @@ if nr > 0 then
     for j = 1, nr do redis.call('ZREM', KEYS[na + j], unpack(leases)) end
   end
 end
+for h = 1, nh do
+  -- a hold still in its set leaves it and the total, once (reclaimed or released: nothing)
+  local rec, hk = KEYS[na + nr + 2 * h - 1], KEYS[na + nr + 2 * h]
+  if redis.call('ZREM', hk, ARGV[a]) == 1 then
+    if redis.call('HINCRBY', rec, 'held$.u', -tonumber(ARGV[a + 1])) <= 0 then
+      redis.call('HDEL', rec, 'held$.u')
+    end
+  end
+  a = a + 2
+end
 local out = {}
-local k = na + nr
+local k = na + nr + 2 * nh
 for g = 1, groups do
   local records = tonumber(ARGV[a])
   local keeps = a + 1

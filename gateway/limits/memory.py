@@ -15,11 +15,14 @@ from typing import Literal
 
 from gateway.limits import gcra
 from gateway.limits.store import (
+    HELD,
     SPEND,
     AcquireRequest,
     AcquireResult,
     Blocker,
+    BudgetGate,
     SettleRequest,
+    held_amount,
     lease_ids,
 )
 
@@ -29,7 +32,8 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._buckets: dict[str, gcra.Bucket] = {}
-        self._slots: dict[str, dict[str, int]] = {}  # key -> lease id -> expiry (ms)
+        # key -> lease id -> expiry (ms); a budget window's hold set too (member -> expiry)
+        self._slots: dict[str, dict[str, int]] = {}
         self._usage: dict[str, tuple[int, dict[str, int]]] = {}  # key -> (expiry ms, fields)
         self._sweep_at = 0
 
@@ -39,13 +43,18 @@ class MemoryStore:
 
     async def acquire(self, req: AcquireRequest) -> AcquireResult:
         now = self._now(req.now_ms)
-        spend = 0
+        spend = held = 0
+        over = False
         blocked: Blocker | None = None
         index = 0
         wait: int | None = 0
-        if req.budget is not None:
-            spend = self._record(req.budget.key, now).get(SPEND, 0)
-            if req.budget.refuse and spend >= req.budget.cap:
+        gate = req.budget
+        if gate is not None:
+            spend = self._record(gate.key, now).get(SPEND, 0)
+            held = self._held(gate.key, now)
+            hold = gate.hold.amount if gate.hold is not None else 0
+            over = spend >= gate.cap or (hold > 0 and spend + held + hold > gate.cap)
+            if over and gate.refuse:
                 blocked = "budget"
         debts: list[int] = []
         for i, take in enumerate(req.buckets):
@@ -58,14 +67,17 @@ class MemoryStore:
                 if blocked is None or need is None or (wait is not None and need > wait):
                     index, wait = i, need
                 blocked = "bucket"
-        held: list[int] = []
+        leases_held: list[int] = []
         for j, slot in enumerate(req.slots):
             leases = self._live_leases(slot.key, now)
-            held.append(len(leases))
+            leases_held.append(len(leases))
             if blocked is None and len(leases) + slot.count > slot.limit:
                 blocked, index = "slot", j
         if blocked is not None:
-            return AcquireResult(False, now, tuple(debts), tuple(held), spend, blocked, index, wait)
+            return AcquireResult(
+                False, now, tuple(debts), tuple(leases_held), spend, blocked, index, wait, over,
+                held,
+            )  # fmt: skip
         for i, take in enumerate(req.buckets):
             bucket = self._buckets.setdefault(take.key, gcra.Bucket(0, now))
             gcra.take(bucket, take.rate, take.amount, now)
@@ -74,8 +86,12 @@ class MemoryStore:
             leases = self._slots.setdefault(slot.key, {})
             for lease_id in lease_ids(req.lease_id, slot.count):
                 leases[lease_id] = now + req.lease_ttl_ms
-            held[j] += slot.count
-        return AcquireResult(True, now, tuple(debts), tuple(held), spend)
+            leases_held[j] += slot.count
+        if gate is not None and gate.hold is not None and not over:
+            held += self._hold(gate, req.lease_ttl_ms, now)
+        return AcquireResult(
+            True, now, tuple(debts), tuple(leases_held), spend, over_budget=over, budget_held=held
+        )
 
     async def settle(self, req: SettleRequest) -> tuple[int, ...]:
         now = self._now(req.now_ms)
@@ -88,6 +104,17 @@ class MemoryStore:
             if leases is not None:
                 for lease_id in released:
                     leases.pop(lease_id, None)
+        for hold in req.holds:
+            members = self._slots.get(hold.key)
+            if members is not None and members.pop(hold.member, None) is not None:
+                if not members:
+                    del self._slots[hold.key]
+                record = self._record(hold.record, now)
+                left = record.get(HELD, 0) - hold.amount
+                if left > 0:
+                    record[HELD] = left
+                else:
+                    record.pop(HELD, None)
         spends = []
         for add in req.usage:
             entry = self._usage.get(add.key)
@@ -125,6 +152,34 @@ class MemoryStore:
         for lease_id in [k for k, expiry in leases.items() if expiry <= now]:
             del leases[lease_id]
         return leases
+
+    def _held(self, key: str, now: int) -> int:
+        """What the holds of a budget's window hold, those expired reclaimed (``lua.ACQUIRE``)."""
+        record = self._record(key, now)
+        held = record.get(HELD, 0)
+        if held <= 0:
+            return 0
+        members = self._slots.get(key + ":h", {})
+        gone = [m for m, expiry in members.items() if expiry <= now]
+        for member in gone:
+            held -= held_amount(member)
+            del members[member]
+        if not members or held <= 0:
+            record.pop(HELD, None)
+            self._slots.pop(key + ":h", None)
+            return 0
+        if gone:
+            record[HELD] = held
+        return held
+
+    def _hold(self, gate: BudgetGate, ttl_ms: int, now: int) -> int:
+        assert gate.hold is not None
+        self._slots.setdefault(gate.hold.key, {})[gate.hold.member] = now + ttl_ms
+        entry = self._usage.get(gate.key)
+        if entry is None or entry[0] <= now:
+            entry = self._usage[gate.key] = (now + gate.keep_s * 1000, {})
+        entry[1][HELD] = entry[1].get(HELD, 0) + gate.hold.amount
+        return gate.hold.amount
 
     def _record(self, key: str, now: int) -> dict[str, int]:
         entry = self._usage.get(key)

@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 from gateway.limits import lua
 from gateway.limits.redis_pipe import Arg, Script, ScriptPipe
 from gateway.limits.store import (
+    MICRO,
     SPEND,
     AcquireRequest,
     AcquireResult,
@@ -43,7 +44,7 @@ log = logging.getLogger("llm_gateway.limits")
 
 _ERRORS = (RedisError, OSError, TimeoutError)
 _BLOCKERS: dict[int, Blocker | None] = {0: None, 1: "bucket", 2: "slot", 3: "budget"}
-_MICRO = 10**6  # pUSD per micro-dollar: money is sent and stored as (micro, pUSD rest)
+_MICRO = MICRO  # pUSD per micro-dollar: money is sent and stored as (micro, pUSD rest)
 _ACQUIRE, _SETTLE, _RENEW = (Script.of(text) for text in (lua.ACQUIRE, lua.SETTLE, lua.RENEW))
 
 
@@ -55,13 +56,18 @@ def _settle_call(req: SettleRequest) -> tuple[list[str], list[Arg]]:
             groups[-1][0].append(add)
         else:
             groups.append(([add], add.fields))
-    keys = [a.key for a in req.adjusts] + list(req.releases) + [u.key for u in req.usage]
+    keys = [a.key for a in req.adjusts] + list(req.releases)
+    for hold in req.holds:
+        keys += [hold.record, hold.key]
+    keys += [u.key for u in req.usage]
     if req.id:
         keys.append(req.done_key)
     args: list[Arg] = [_arg(req.now_ms), len(req.adjusts), len(req.releases)]
-    args += [req.lease_id, req.id, len(groups)]
+    args += [req.lease_id, req.id, len(groups), len(req.holds)]
     for adj in req.adjusts:
         args += [adj.rate.limit, adj.rate.period_ms, adj.delta]
+    for hold in req.holds:
+        args += [hold.member, hold.amount // _MICRO]
     for records, fields in groups:
         args += [len(records), *(r.keep_s for r in records), len(fields)]
         for name, value in fields:
@@ -111,11 +117,17 @@ class RedisLimitStore:
         keys: list[str] = [b.key for b in req.buckets] + [s.key for s in req.slots]
         args: list[Arg] = [_arg(req.now_ms), len(req.buckets), len(req.slots)]
         args += [req.lease_id, req.lease_ttl_ms]
-        if req.budget is not None:
-            keys.append(req.budget.key)
-            args += [*divmod(req.budget.cap, _MICRO), 1 if req.budget.refuse else 0]
+        gate = req.budget
+        if gate is not None:
+            keys += [gate.key, gate.key + ":h"]
+            args += [*divmod(gate.cap, _MICRO), 1 if gate.refuse else 0]
+            hold = gate.hold
+            if hold is not None:
+                args += [hold.amount // _MICRO, hold.member, gate.keep_s]
+            else:
+                args += [0, "", 0]
         else:
-            args += ["", 0, 0]
+            args += ["", 0, 0, 0, "", 0]
         for b in req.buckets:
             args += [b.rate.limit, b.rate.period_ms, b.amount]
         for s in req.slots:
@@ -123,32 +135,38 @@ class RedisLimitStore:
         left = functools.partial(self._give_back, req)
         raw: list[int] = await self._call(_ACQUIRE, keys, args, left)
         nb = len(req.buckets)
-        admitted, now, blocker, index, wait, spend_u, spend_p = raw[:7]
+        admitted, now, blocker, index, wait, spend_u, spend_p, over, held_u = raw[:9]
         return AcquireResult(
             admitted=admitted == 1,
             now_ms=now,
-            debts=tuple(raw[7 : 7 + nb]),
-            held=tuple(raw[7 + nb :]),
+            debts=tuple(raw[9 : 9 + nb]),
+            held=tuple(raw[9 + nb :]),
             spend=spend_u * _MICRO + spend_p,
             blocked_by=_BLOCKERS[blocker],
             blocked_index=max(0, index - 1),
             wait_ms=None if wait == -1 else wait,
+            over_budget=over == 1,
+            budget_held=held_u * _MICRO,
         )
 
     def _give_back(self, req: AcquireRequest, reply: asyncio.Future[Any]) -> None:
         """The caller of ``acquire`` left (cancelled) while its script was on its way: if the
         script admitted it, what it took goes back (its tokens and requests to the buckets,
-        every lease it added released: a grant's too), so a client that gives up during a
-        slow check does not hold a ``max_concurrent`` slot until the lease expires. One call,
-        not awaited: should it fail, the leases expire and the buckets drain on their own."""
+        every lease it added released, a grant's too, and its budget hold), so a client that
+        gives up during a slow check does not hold a ``max_concurrent`` slot until the lease
+        expires. One call, not awaited: should it fail, the leases and the hold expire and the
+        buckets drain on their own."""
         if reply.cancelled() or reply.exception() is not None or reply.result()[0] != 1:
             return
         leases = {lease for s in req.slots for lease in lease_ids(req.lease_id, s.count)}
+        gate = req.budget
         undo = SettleRequest(
             adjusts=tuple(BucketAdjust(b.key, b.rate, -b.amount) for b in req.buckets),
             releases=tuple(s.key for s in req.slots),
             lease_id=" ".join(sorted(leases)),
             now_ms=req.now_ms,
+            # Not taken (the budget did not cover it): its member is absent, nothing released.
+            holds=(gate.hold,) if gate is not None and gate.hold is not None else (),
         )
         with contextlib.suppress(StoreUnavailable):
             self._pipe.submit(_SETTLE, *_settle_call(undo)).add_done_callback(_retrieved)

@@ -3,8 +3,18 @@
 One ``acquire`` checks every rule of a request at once and either takes all of them or none:
 the budget gate, the GCRA buckets (requests, tokens; per tenant and per tenant on a surface)
 and the concurrency slots. One ``settle`` ends the request: it reconciles the token buckets
-with the real usage, releases the slot leases and adds the usage to the tenant's window
-records, returning each record's new spend (alerts fire on the crossing, so exactly once).
+with the real usage, releases the slot leases and the budget hold, and adds the usage to the
+tenant's window records, returning each record's new spend (alerts fire on the crossing, so
+exactly once).
+
+A budgeted request holds its worst-case cost (``Hold``) from its admission to its settlement,
+so a burst cannot pass a budget by what its answers cost before they settle: the gate admits
+only while ``spend + held + hold <= cap``. The holds of a window are a sorted set beside its
+usage record (``<record>:h``), each member ``<id>=<micro-dollars>`` scored by its expiry, and
+their total is the record's ``held$`` field. A hold expires as a concurrency lease does (its
+holder renews it): the next check of the budget reclaims the holds of a crashed instance. A
+hold is released at most once (the member is removed, and only then is its amount taken off
+the total), so a settlement resent after a lost answer cannot release it twice.
 
 Money fields of a usage record end in ``$`` and are pUSD (``gateway.limits.cost``).
 A store that cannot answer raises ``StoreUnavailable``; the limiter decides what that means.
@@ -19,6 +29,8 @@ from typing import Literal, Protocol
 from gateway.limits.gcra import Rate
 
 SPEND = "spend$"  # the usage record's total, in pUSD
+HELD = "held$"  # pUSD held by the budgeted requests in flight (``Hold``)
+MICRO = 10**6  # pUSD per micro-dollar: a hold is a whole number of them
 
 
 class StoreUnavailable(Exception):
@@ -53,10 +65,39 @@ def lease_ids(lease_id: str, count: int) -> list[str]:
 
 
 @dataclass(frozen=True, slots=True)
+class Hold:
+    """A budgeted request's worst-case cost, held in its budget's window until it settles."""
+
+    record: str  # the window's usage record (its ``held$`` field is the total held)
+    id: str
+    amount: int  # pUSD, a whole number of micro-dollars (rounded up: never less than the cost)
+
+    @classmethod
+    def of(cls, record: str, hold_id: str, amount: int) -> Hold:
+        return cls(record, hold_id, -(-amount // MICRO) * MICRO)
+
+    @property
+    def key(self) -> str:
+        """The window's hold set: members scored by their expiry (ms), renewed as leases are."""
+        return self.record + ":h"
+
+    @property
+    def member(self) -> str:
+        return f"{self.id}={self.amount // MICRO}"
+
+
+def held_amount(member: str) -> int:
+    """The pUSD a hold set's member holds."""
+    return int(member.rpartition("=")[2]) * MICRO
+
+
+@dataclass(frozen=True, slots=True)
 class BudgetGate:
     key: str  # the usage record of the budget's current window
     cap: int  # pUSD
-    refuse: bool  # refuse at spend >= cap (on_exhausted: reject); else only report the spend
+    refuse: bool  # refuse what the budget cannot cover (on_exhausted: reject); else report it
+    hold: Hold | None = None  # taken when the budget covers it (``hold.record == key``)
+    keep_s: int = 0  # the record's lifetime, should the hold be the first to write it
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +123,10 @@ class AcquireResult:
     blocked_by: Blocker | None = None
     blocked_index: int = 0  # which bucket or slot
     wait_ms: int | None = 0  # a refused bucket: until it fits; None: never (amount > limit)
+    # The budget cannot cover the request: spent, or spend + held + hold > cap (refused when
+    # the gate refuses, else admitted without a hold: the downgrade).
+    over_budget: bool = False
+    budget_held: int = 0  # pUSD held in the budget's window, the request's hold included
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +150,7 @@ class SettleRequest:
     lease_id: str = ""  # one lease id, or several separated by spaces (a grant's unused ones)
     usage: tuple[UsageAdd, ...] = ()
     now_ms: int | None = None
+    holds: tuple[Hold, ...] = ()  # released before the usage is added, in the same step
     # Sent again after an answer was lost, a settlement with an id runs at most once: the
     # store keeps ``done_key`` for an hour (one key per settled request: a day held 8.6 M keys
     # at 100 req/s). Without one (the memory store never loses answers) it simply runs.
@@ -130,7 +176,8 @@ class LimitStore(Protocol):
     async def renew(
         self, leases: tuple[tuple[str, str], ...], ttl_ms: int, now_ms: int | None
     ) -> None:
-        """Extend each (slot key, lease id) still held to ``ttl_ms`` from now."""
+        """Extend each (slot key, lease id) still held to ``ttl_ms`` from now (a hold is
+        renewed as one: ``(hold.key, hold.member)``)."""
         ...
 
     async def read_usage(self, key: str, now_ms: int | None = None) -> dict[str, int]: ...

@@ -16,7 +16,7 @@ from typing import Any
 
 from gateway.limits.cost import Usage, usd_text
 from gateway.limits.rules import BudgetRule, surface_field
-from gateway.limits.store import SPEND
+from gateway.limits.store import HELD, SPEND
 from gateway.limits.windows import Window
 
 _COUNTS = ("n", "hits", "in", "cached", "out")
@@ -84,10 +84,13 @@ def report(
         "spend_usd": usd_text(spend),
         "budget_usd": None,
         "remaining_usd": None,
+        "held_usd": None,
     }
     if budget is not None and budget.window == window.kind:
         out["budget_usd"] = usd_text(budget.cap)
         out["remaining_usd"] = usd_text(max(0, budget.cap - spend))
+        # what requests in flight hold of the remainder (their worst case, until they settle)
+        out["held_usd"] = usd_text(fields.get(HELD, 0))
     rows: dict[str, Any] = {}
     totals = dict.fromkeys(_COUNTS, 0)
     for surface in surfaces:

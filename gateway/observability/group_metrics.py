@@ -26,6 +26,7 @@ GAUGE_RULES: dict[str, Rule] = {
     "llm_gateway_replica_outstanding": "sum",
     "llm_gateway_replica_healthy": "min",
     "llm_gateway_surface_budget_seconds": "max",
+    "llm_gateway_policy_reload_failing": "max",  # any worker left on an older policy
 }
 WORKER_LABEL = "worker"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.observability.loop_metrics import (
@@ -41,6 +41,30 @@ LATENCY_BUCKETS = (
 )
 _STATUS = {code: str(code) for code in range(100, 600)}  # no str() per request
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class ReloadCollector(Collector):
+    """``llm_gateway_policy_reloads_total{result}`` and ``llm_gateway_policy_reload_failing``,
+    read at scrape time from ``counts``: (accepted, rejected, whether the last was rejected)."""
+
+    def __init__(self, counts: Callable[[], tuple[int, int, bool]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        accepted, rejected, failing = self._counts()
+        reloads = CounterMetricFamily(
+            "llm_gateway_policy_reloads",
+            "Policy reloads finished, by result (a rejected file leaves the running policy)",
+            labels=["result"],
+        )
+        reloads.add_metric(["accepted"], accepted)
+        reloads.add_metric(["rejected"], rejected)
+        yield reloads
+        yield GaugeMetricFamily(
+            "llm_gateway_policy_reload_failing",
+            "1 while the last reload was rejected: the file differs from the running policy",
+            value=1 if failing else 0,
+        )
 
 
 class _ReplicaCollector(Collector):

@@ -44,6 +44,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from gateway.observability.log_every import LogEvery
+
 log = logging.getLogger("llm_gateway.tracing")
 
 AttrValue = (
@@ -494,6 +496,7 @@ class Exporter:
         self._batch_size = batch_size
         self._max_queue = max_queue
         self._retry_s = retry_s
+        self._failures = LogEvery(log)  # one line per 10 s while the collector is down
         self._wake = threading.Event()
         self._idle = threading.Condition()
         self._in_flight = 0
@@ -615,7 +618,9 @@ class Exporter:
                     time.sleep(self._retry_s)
                     continue
                 self.dropped += len(batch)
-                log.warning("trace export failed, %d spans dropped: %s", len(batch), exc)
+                self._failures.warning(
+                    "export", "trace export failed, %d spans dropped: %s", len(batch), exc
+                )
             else:
                 self.exported += len(batch)
             return

@@ -1,15 +1,20 @@
 """Finished answers and streams of chunks: the one place that turns one into the other.
 
-``render_sse`` streams a complete OpenAI answer (``chat.completion`` or ``text_completion``)
-as the chunks an upstream would have sent: per choice, a role chunk, one chunk carrying the
-whole content (text, ``reasoning_content``, ``refusal``, tool calls with their ``index``,
-``logprobs``), and a finish chunk; then the usage chunk when the client asked for
-``stream_options.include_usage``, and ``data: [DONE]``. It serves held cascade answers and
-cache hits alike.
+``render_sse`` streams a complete OpenAI answer (``chat.completion`` or ``text_completion``) as
+the chunks an upstream would have sent: per choice, a role chunk, one chunk carrying the whole
+content (text, ``reasoning_content``, ``refusal``, tool calls with their ``index`` and their
+``arguments`` as JSON text, ``logprobs``), and a finish chunk; then the usage chunk when the
+client asked for ``stream_options.include_usage``, and ``data: [DONE]``. It serves held cascade
+answers and cache hits alike.
 
 ``assemble`` does the reverse: it adds streamed chunk objects up to the complete answer they
 make (content, reasoning, refusal, tool calls merged by ``index``, logprobs concatenated,
 the last usage seen), or None when the stream did not finish or carried an error.
+
+Two readings every re-telling of a chat answer shares (this module's assembler, the Responses
+and Messages translators): ``arguments_text``, a tool call's ``arguments`` as JSON text (HF TGI
+sends an object), and ``ToolCallSlots``, which call a streamed tool-call delta belongs to when
+the upstream numbers none (Gemini's OpenAI endpoint sends whole calls without ``index``).
 ``finished`` says whether an answer is complete, successful and well formed: every choice
 ended for a normal reason, and holds its text (and tool calls) in the types clients read. Both
 give up (None, False) on an answer of any other shape: what they judge is what the cache may
@@ -50,7 +55,8 @@ def render_sse(answer: Mapping[str, Any], *, include_usage: bool = False) -> lis
         finish = choice.get("finish_reason") or "stop"
         parts = _chat_parts(choice) if chat else _text_parts(choice)
         for fields in parts:
-            out.append(encode({**head, "choices": [{"index": index, **fields}]}))
+            chunk = {"index": index, "logprobs": None, **fields, "finish_reason": None}
+            out.append(encode({**head, "choices": [chunk]}))
         last: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
         out.append(encode({**head, "choices": [{"index": index, **last, "finish_reason": finish}]}))
     if include_usage:
@@ -66,16 +72,27 @@ def _chat_parts(choice: Mapping[str, Any]) -> list[dict[str, Any]]:
     delta: dict[str, Any] = {k: message[k] for k in _TEXT_FIELDS if message.get(k)}
     calls = message.get("tool_calls")
     if isinstance(calls, list) and calls:
-        delta["tool_calls"] = [
-            {**call, "index": call.get("index", i)} if isinstance(call, Mapping) else call
-            for i, call in enumerate(calls)
-        ]
+        delta["tool_calls"] = [_streamed_call(call, i) for i, call in enumerate(calls)]
     if isinstance(message.get("function_call"), Mapping):
         delta["function_call"] = message["function_call"]
     body: dict[str, Any] = {"delta": delta}
     if choice.get("logprobs") is not None:
         body["logprobs"] = choice["logprobs"]
     return [first, body] if delta or "logprobs" in body else [first]
+
+
+def _streamed_call(call: Any, position: int) -> Any:
+    """A whole answer's tool call as a stream sends it: with its ``index``, its ``arguments``
+    JSON text (an object, as HF TGI sends one, is written as such)."""
+    if not isinstance(call, Mapping):
+        return call
+    out = {**call, "index": call.get("index", position)}
+    function = call.get("function")
+    if isinstance(function, Mapping) and isinstance(function.get("arguments"), dict):
+        text = arguments_text(function["arguments"])
+        if text is not None:
+            out["function"] = {**function, "arguments": text}
+    return out
 
 
 def _text_parts(choice: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -130,13 +147,57 @@ def _index(value: Any) -> int | None:
     return None
 
 
+def arguments_text(value: Any) -> str | None:
+    """A tool call's ``arguments`` as the JSON text clients parse: a string as it came, none as
+    "", a JSON object (HF TGI sends one) as its compact JSON; None for any other shape (or an
+    object nested past what the JSON encoder writes back)."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    except (ValueError, TypeError, RecursionError):
+        return None
+
+
+class ToolCallSlots:
+    """Which tool call a streamed delta adds to. OpenAI numbers every delta with ``index``
+    (used as it is). Without one (Gemini's OpenAI endpoint sends each call whole, several in
+    one chunk, no ``index``): a delta with a new ``id`` is a new call, one with a known ``id``
+    that call; one with neither continues the call the previous delta added to when it is its
+    chunk's only call, else the call at its position in the chunk."""
+
+    __slots__ = ("_ids", "_last", "_next")
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._last: int | None = None
+        self._next = 0  # past every slot given so far
+
+    def slot(self, call: Mapping[str, Any], position: int, alone: bool) -> int:
+        index = _index(call.get("index"))
+        call_id = call.get("id")
+        known = call_id if isinstance(call_id, str) and call_id else None
+        if index is None and known is not None:
+            index = self._ids.get(known, self._next)
+        if index is None:
+            index = self._last if alone and self._last is not None else position
+        if known is not None:
+            self._ids.setdefault(known, index)
+        self._last = index
+        self._next = max(self._next, index + 1)
+        return index
+
+
 class _Choice:
-    __slots__ = ("finish", "logprobs", "role", "text", "tools")
+    __slots__ = ("finish", "logprobs", "role", "slots", "text", "tools")
 
     def __init__(self) -> None:
         self.role = "assistant"
         self.text: dict[str, list[str]] = {}
         self.tools: dict[int, dict[str, Any]] = {}
+        self.slots = ToolCallSlots()
         self.logprobs: dict[str, Any] | None = None
         self.finish: str | None = None
 
@@ -190,7 +251,8 @@ def assemble(chunks: Iterable[Mapping[str, Any]], *, done: bool) -> dict[str, An
                     slot.text.setdefault(name, []).append(delta[name])
             calls = delta.get("tool_calls") or []
             if not isinstance(calls, list) or not all(
-                _merge_tool_call(slot.tools, c) for c in calls
+                _merge_tool_call(slot.tools, slot.slots, c, k, len(calls) == 1)
+                for k, c in enumerate(calls)
             ):
                 return None
     if not choices or any(
@@ -238,14 +300,18 @@ def _merge_logprobs(slot: _Choice, logprobs: Any) -> None:
             slot.logprobs[key] = value
 
 
-def _merge_tool_call(tools: dict[int, dict[str, Any]], call: Any) -> bool:
+def _merge_tool_call(
+    tools: dict[int, dict[str, Any]], slots: ToolCallSlots, call: Any, position: int, alone: bool
+) -> bool:
     """Add a tool call delta to the calls so far; False when it has another shape."""
-    index = _index(call.get("index", 0)) if isinstance(call, Mapping) else None
-    function = (call.get("function") or {}) if isinstance(call, Mapping) else None
-    if index is None or not isinstance(function, Mapping):
+    if not isinstance(call, Mapping) or ("index" in call and _index(call["index"]) is None):
         return False
-    name, arguments = function.get("name") or "", function.get("arguments") or ""
-    if not (_is_str(name) and _is_str(arguments)):
+    function = call.get("function") or {}
+    if not isinstance(function, Mapping):
+        return False
+    index = slots.slot(call, position, alone)
+    name, arguments = function.get("name") or "", arguments_text(function.get("arguments"))
+    if not _is_str(name) or arguments is None:
         return False
     slot = tools.setdefault(
         index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}

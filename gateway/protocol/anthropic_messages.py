@@ -25,8 +25,8 @@ What maps:
 
 Answered 400 naming the parameter: server tools (web search, code execution, bash...), block
 types other than the above, document sources other than base64 PDF and plain text, images in
-a ``tool_result``, ``mcp_servers``, ``container``. ``cache_control`` markers are accepted and
-not sent (a chat backend caches prefixes by itself).
+a ``tool_result``, ``mcp_servers``, ``container``. ``cache_control`` (on blocks, or at the top
+level) is accepted and not sent (a chat backend caches prefixes by itself).
 """
 
 from __future__ import annotations
@@ -41,11 +41,12 @@ from gateway.protocol import strict_json
 _SERVER_TOOL = "server tools (such as web search or code execution) are not supported"
 _REJECTED = ("mcp_servers", "container")
 # Every top-level parameter the translation reads (or accepts without effect on the answer:
-# service_tier); any other is refused by name, as Anthropic does, never dropped without a word.
+# service_tier, and cache_control, the automatic prompt caching of anthropic's clients); any
+# other is refused by name, as Anthropic does, never dropped without a word.
 _KNOWN = frozenset(
     {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
      "top_p", "top_k", "tools", "tool_choice", "metadata", "thinking", "output_config",
-     "service_tier", *_REJECTED}
+     "service_tier", "cache_control", *_REJECTED}
 )  # fmt: skip
 
 

@@ -1,13 +1,13 @@
 """Chat-completion answers and gateway errors in the Anthropic Messages API's format.
 
-A chat choice becomes content blocks in the order Claude produces them: ``thinking`` (from
-the backend's ``reasoning_content`` / ``reasoning``, with an empty signature: it was not signed
-by Anthropic), ``text``, then one ``tool_use`` block per tool call (its arguments parsed into
-``input``; arguments that are not a JSON object are kept under ``{"arguments": ...}`` rather
-than lost). ``finish_reason`` maps onto ``stop_reason``: stop -> ``end_turn``, or
-``stop_sequence`` when the backend says which of the request's ``stop_sequences`` matched
-(vLLM's ``stop_reason``); length -> ``max_tokens``; tool_calls -> ``tool_use``;
-content_filter -> ``refusal``.
+A chat choice becomes content blocks in the order Claude produces them: ``thinking`` (from the
+backend's ``reasoning_content`` / ``reasoning``, with an empty signature: it was not signed by
+Anthropic), ``text``, then one ``tool_use`` block per tool call (its arguments parsed into
+``input``, or taken as they are when the upstream sent an object, as HF TGI does; arguments that
+are not a JSON object are kept under ``{"arguments": ...}`` rather than lost). ``finish_reason``
+maps onto ``stop_reason``: stop -> ``end_turn``, or ``stop_sequence`` when the backend says
+which of the request's ``stop_sequences`` matched (vLLM's ``stop_reason``); length ->
+``max_tokens``; tool_calls -> ``tool_use``; content_filter -> ``refusal``.
 
 Usage as Anthropic counts it: ``input_tokens`` are the prompt tokens not read from a cache,
 ``cache_read_input_tokens`` those read from one (``prompt_tokens_details.cached_tokens``),
@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.errors import BadRequest
 from gateway.protocol import upstream_json
 from gateway.protocol.responses_output import dicts, reasoning_text
 
@@ -90,7 +91,13 @@ def stop_reason(
 
 
 def tool_input(arguments: Any) -> dict[str, Any]:
-    if not isinstance(arguments, str) or not arguments.strip():
+    if isinstance(arguments, dict):
+        return arguments
+    if arguments is None or arguments == "":
+        return {}
+    if not isinstance(arguments, str):
+        return {"arguments": arguments}
+    if not arguments.strip():
         return {}
     try:
         value = upstream_json.loads(arguments)
@@ -180,17 +187,69 @@ def from_openai_error(status: int, raw: bytes) -> tuple[int, bytes]:
 # --- models ----------------------------------------------------------------------------------
 
 
+LIFECYCLES = ("active", "deprecated", "retired")
+_PAGE = (1, 20, 1000)  # limit: least, default, most (as Anthropic's API)
+
+
 def model_object(name: str) -> dict[str, Any]:
-    """``GET /v1/models/{name}`` as Anthropic describes a model."""
-    return {"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
-
-
-def models_page(names: list[str]) -> dict[str, Any]:
-    """``GET /v1/models`` as Anthropic lists models (one page holding every name)."""
-    data = [model_object(name) for name in names]
+    """``GET /v1/models/{name}`` as Anthropic describes a model (every one served is active)."""
     return {
-        "data": data,
-        "has_more": False,
-        "first_id": names[0] if names else None,
-        "last_id": names[-1] if names else None,
+        "type": "model",
+        "id": name,
+        "display_name": name,
+        "created_at": "1970-01-01T00:00:00Z",
+        "lifecycle": "active",
     }
+
+
+def models_page(
+    names: list[str],
+    limit: str | None = None,
+    after_id: str | None = None,
+    before_id: str | None = None,
+    lifecycles: list[str] | None = None,
+) -> dict[str, Any]:
+    """``GET /v1/models`` as Anthropic pages it: ``limit`` models (20 unless asked, 1 to 1,000)
+    after ``after_id`` or before ``before_id``; ``has_more`` says whether more lie that way, and
+    ``first_id`` / ``last_id`` are the cursors of the pages before and after. ``lifecycle``
+    filters by stage (every model served is active). A parameter out of range, or a cursor
+    naming no model, is a 400 naming it."""
+    size = _limit(limit)
+    if after_id is not None and before_id is not None:
+        raise BadRequest("after_id and before_id cannot both be given", param="before_id")
+    for stage in lifecycles or ():
+        if stage not in LIFECYCLES:
+            raise BadRequest("lifecycle: must be active, deprecated or retired", param="lifecycle")
+    if lifecycles and "active" not in lifecycles:
+        names = []
+    if before_id is not None:
+        end = _position(names, before_id, "before_id")
+        start = max(0, end - size)
+        has_more = start > 0
+    else:
+        start = 0 if after_id is None else _position(names, after_id, "after_id") + 1
+        end = start + size
+        has_more = end < len(names)
+    page = names[start:end]
+    return {
+        "data": [model_object(name) for name in page],
+        "has_more": has_more,
+        "first_id": page[0] if page else None,
+        "last_id": page[-1] if page else None,
+    }
+
+
+def _limit(value: str | None) -> int:
+    least, default, most = _PAGE
+    if value is None:
+        return default
+    if not value.isascii() or not value.isdigit() or not least <= int(value) <= most:
+        raise BadRequest(f"limit: must be an integer from {least} to {most}", param="limit")
+    return int(value)
+
+
+def _position(names: list[str], name: str, param: str) -> int:
+    try:
+        return names.index(name)
+    except ValueError:
+        raise BadRequest(f"{param}: no model '{name}' is listed", param=param) from None

@@ -5,20 +5,31 @@ Fed the chat SSE bytes as the relay reads them, it returns Anthropic's events (`
 
 ``message_start`` (the message with empty content; its usage is 0 until the end: a chat stream
 reports usage in its last chunk) and ``ping`` (``start``); a ``content_block_start`` when a
-block opens (text, ``thinking`` for the backend's reasoning, ``tool_use`` for a tool call),
-its ``content_block_delta`` events (``text_delta``, ``thinking_delta``, ``input_json_delta``
-with the argument fragments), and ``content_block_stop`` when the next block opens or the
-stream ends; at ``[DONE]``, ``message_delta`` with ``stop_reason``, ``stop_sequence`` and the
-whole usage (input, cache reads and output tokens: Anthropic's clients take the input counts
-from ``message_delta`` too), then ``message_stop``. An upstream error becomes Anthropic's
-``error`` event.
+block opens (text, ``thinking`` for the backend's reasoning, ``tool_use`` for a tool call), its
+``content_block_delta`` events (``text_delta``, ``thinking_delta``, ``input_json_delta`` with
+the argument fragments: an object, as HF TGI sends one, as its JSON text; a delta without
+``index`` placed by ``answers.ToolCallSlots``), and ``content_block_stop`` when the next block
+opens or the stream ends; at ``[DONE]``, ``message_delta`` with ``stop_reason``,
+``stop_sequence`` and the whole usage (input, cache reads and output tokens: Anthropic's clients
+take the input counts from ``message_delta`` too), then ``message_stop``. An upstream error
+becomes Anthropic's ``error`` event (``api_error``); the gateway's own failure (``fail``) too,
+with the type its JSON answer would have (``timeout_error`` for a time-out,
+``overloaded_error`` for a 503).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.protocol.anthropic_messages_output import new_message_id, stop_reason, usage
+from gateway.errors import GatewayError
+from gateway.protocol.answers import ToolCallSlots, arguments_text
+from gateway.protocol.anthropic_messages_output import (
+    error_body,
+    error_status,
+    new_message_id,
+    stop_reason,
+    usage,
+)
 from gateway.protocol.chat_events import ChatEvents, retell
 from gateway.protocol.responses_output import dicts
 from gateway.protocol.sse import encode_named
@@ -34,10 +45,12 @@ class MessagesStream:
         self.done = False  # message_stop (or an error event) was sent
         self.failed = False  # an error event was sent
         self.usage: dict[str, Any] = usage(None)
+        self._usage_told = False  # the upstream's usage chunk came
         self._events = ChatEvents()
         self._blocks = 0  # blocks opened so far
         self._open: str | None = None  # the open block's kind: text | thinking | tool_use
         self._tools: dict[int, int] = {}  # chat tool-call index -> block index
+        self._slots = ToolCallSlots()  # the index of a delta that has none
         self._finish: str | None = None
         self._matched: Any = None
 
@@ -61,18 +74,23 @@ class MessagesStream:
             data,
             finished=lambda: self.done,
             complete=lambda: self._complete(out),
-            fail=lambda message: out.append(self._error(message)),
+            fail=lambda message: out.append(self._error(error_body(502, message))),
             chunk=lambda event: self._chunk(event, out),
         )
         return b"".join(out)
 
-    def fail(self, message: str) -> bytes:
-        return b"" if self.done else self._error(message)
-
-    def stop(self) -> bytes:
-        """The gateway's deadline: end as a model at its ``max_tokens`` would."""
+    def fail(self, error: GatewayError) -> bytes:
         if self.done:
             return b""
+        return self._error(error_body(error_status(error.status), error.message))
+
+    def stop(self, estimate: dict[str, Any] | None = None) -> bytes:
+        """The gateway's deadline: end as a model at its ``max_tokens`` would, with the usage
+        the gateway charges (``estimate``, chat's usage object) when the upstream told none."""
+        if self.done:
+            return b""
+        if estimate is not None and not self._usage_told:
+            self.usage = usage(estimate)
         out: list[bytes] = []
         self._finish = "length"
         self._complete(out)
@@ -81,6 +99,7 @@ class MessagesStream:
     def _chunk(self, chunk: dict[str, Any], out: list[bytes]) -> None:
         if isinstance(chunk.get("usage"), dict):
             self.usage = usage(chunk["usage"])
+            self._usage_told = True
         for choice in dicts(chunk.get("choices")):
             if choice.get("index", 0) != 0:
                 continue
@@ -101,8 +120,9 @@ class MessagesStream:
             text = delta.get(name)
             if isinstance(text, str) and text:
                 self._text(out, "text", text)
-        for call in dicts(delta.get("tool_calls")):
-            self._tool_call(call, out)
+        calls = dicts(delta.get("tool_calls"))
+        for position, call in enumerate(calls):
+            self._tool_call(call, out, self._slots.slot(call, position, len(calls) == 1))
 
     def _text(self, out: list[bytes], kind: str, text: str) -> None:
         if self._open != kind:
@@ -119,9 +139,7 @@ class MessagesStream:
         )
         out.append(_event("content_block_delta", index=self._blocks - 1, delta=delta))
 
-    def _tool_call(self, call: dict[str, Any], out: list[bytes]) -> None:
-        index = call.get("index", 0)
-        index = index if isinstance(index, int) else 0
+    def _tool_call(self, call: dict[str, Any], out: list[bytes], index: int) -> None:
         function = call.get("function")
         function = function if isinstance(function, dict) else {}
         block = self._tools.get(index)
@@ -134,8 +152,8 @@ class MessagesStream:
             }
             self._start_block(out, "tool_use", tool)
             block = self._tools[index] = self._blocks - 1
-        fragment = function.get("arguments")
-        if isinstance(fragment, str) and fragment:
+        fragment = arguments_text(function.get("arguments"))
+        if fragment:
             delta = {"type": "input_json_delta", "partial_json": fragment}
             out.append(_event("content_block_delta", index=block, delta=delta))
 
@@ -158,9 +176,10 @@ class MessagesStream:
         out.append(_event("message_stop"))
         self.done = True
 
-    def _error(self, message: str) -> bytes:
+    def _error(self, body: dict[str, Any]) -> bytes:
+        """Anthropic's error event: the error object its JSON answer would be."""
         self.done = self.failed = True
-        return _event("error", error={"type": "api_error", "message": message})
+        return encode_named("error", body)
 
 
 def _event(kind: str, **fields: Any) -> bytes:

@@ -4,10 +4,11 @@ OpenAI's Responses API ends with ``response.completed`` (or ``.incomplete`` / ``
 Anthropic's Messages API with ``message_stop``. The relay passes the bytes on untouched; this
 watches them for the end (so a stream that stops short is still told from a finished one) and
 for an ``error`` event (the upstream's own failure report), and writes the gateway's own
-failures as the dialect's error event. Event names are matched after a newline: inside an
-event's JSON data a newline is always escaped, so the model's text can never fake one. The
-relay made line ends ``\n``; the space after ``event:`` is optional in SSE, so both spellings
-are matched.
+failures as the dialect's error event, typed as the JSON answer for the same failure is (a
+Messages ``timeout_error``, a Responses code ``idle_timeout``). Event names are matched after
+a newline: inside an event's JSON data a newline is always escaped, so the model's text can
+never fake one. The relay made line ends ``\n``; the space after ``event:`` is optional in
+SSE, so both spellings are matched.
 
 A relayed Responses stream also names the response the upstream stores (``response_id``, read
 from the first event that carries the Response object: ``response.created``), as
@@ -19,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gateway.errors import GatewayError, UpstreamTimeout
 from gateway.protocol import upstream_json
+from gateway.protocol.anthropic_messages_output import error_body, error_status
 from gateway.protocol.sse import EventSplitter, encode_named, event_data
 
 
@@ -33,15 +36,16 @@ MESSAGES_END = _lines(b"message_stop")
 _FAILED = _lines(b"error", b"response.failed")
 
 
-def responses_error(message: str) -> bytes:
-    payload = {"type": "error", "code": "server_error", "message": message, "param": None}
+def responses_error(error: GatewayError) -> bytes:
+    """The gateway's error in a Responses stream: its code, as its JSON answer names it."""
+    payload = {"type": "error", "code": error.named_code(), "message": error.message, "param": None}
     return encode_named("error", payload)
 
 
-def messages_error(message: str) -> bytes:
-    return encode_named(
-        "error", {"type": "error", "error": {"type": "api_error", "message": message}}
-    )
+def messages_error(error: GatewayError) -> bytes:
+    """The gateway's error in a Messages stream: Anthropic's type for its status, as the JSON
+    answer says it (a 504 ``timeout_error``, a 503 ``overloaded_error``)."""
+    return encode_named("error", error_body(error_status(error.status), error.message))
 
 
 def answer_id(body: bytes) -> str | None:
@@ -63,13 +67,17 @@ class RelayedStream:
     __slots__ = ("_ends", "_error", "_events", "_tail", "done", "failed", "response_id")
 
     def __init__(
-        self, ends: tuple[bytes, ...], error: Callable[[str], bytes], *, ids: bool = False
+        self,
+        ends: tuple[bytes, ...],
+        error: Callable[[GatewayError], bytes],
+        *,
+        ids: bool = False,
     ) -> None:
         self._ends = ends
         self._error = error
         self._tail = b"\n"  # the stream's start counts as after a newline
         self.done = False
-        self.failed = False  # the upstream sent an error event
+        self.failed = False  # an error event: the upstream's, or the gateway's (``fail``)
         self.response_id: str | None = None  # with ``ids``: the Responses stream's response
         # Events are split only until the id is found (the first event, as a rule).
         self._events = EventSplitter() if ids else None
@@ -102,11 +110,14 @@ class RelayedStream:
                 self._events = None
                 return
 
-    def fail(self, message: str) -> bytes:
+    def fail(self, error: GatewayError) -> bytes:
         if self.done:
             return b""
-        self.done = True
-        return self._error(message)
+        self.done = self.failed = True
+        return self._error(error)
 
-    def stop(self) -> bytes:
-        return self.fail("the gateway's deadline for this request passed")
+    def stop(self, estimate: dict[str, Any] | None = None) -> bytes:
+        """The surface's deadline: a relayed stream cannot be ended as a model at its token
+        limit would, so it ends as a JSON answer past the deadline does (a 504)."""
+        message = "the gateway's deadline for this request passed"
+        return self.fail(UpstreamTimeout(message, code="total_timeout"))

@@ -6,8 +6,10 @@ What maps, field by field:
   developer, assistant; parts ``input_text``, ``input_image`` with an ``image_url``,
   ``input_file`` with ``file_data``, an assistant's ``output_text`` and ``refusal``),
   ``function_call`` items (consecutive ones become the ``tool_calls`` of one assistant message)
-  and ``function_call_output`` items (``tool`` messages). ``reasoning`` items are left out: the
-  chat API has no way to send reasoning back.
+  and ``function_call_output`` items (``tool`` messages: ``input_text`` parts only, as a chat
+  tool message holds text). A message's text parts are joined by a line break, as vLLM joins
+  them and Messages does. ``reasoning`` items are left out: the chat API has no way to send
+  reasoning back.
 - ``instructions``: a leading system message (not carried over by ``previous_response_id``,
   as OpenAI documents);
 - ``tools``: function tools (``name``, ``description``, ``parameters``, ``strict``);
@@ -19,15 +21,16 @@ What maps, field by field:
   ``reasoning_effort``; ``user`` (or ``safety_identifier``) -> ``user``; ``stream`` (the
   usage chunk is always asked for: the final ``response.completed`` carries usage).
 
-Answered 400 naming the parameter: tools other than functions (web search, file search,
-computer use, MCP...), ``tool_choice`` other than the above, items other than the above
+Answered 400 naming the parameter: tools other than functions (web search, file search, computer
+use, MCP...), ``tool_choice`` other than the above, items other than the above
 (``item_reference`` included), ``background: true``, ``conversation``, ``prompt`` templates,
-image or file inputs given by ``file_id``. Fields that do not change what a correct answer is
-(``include``, ``truncation``, ``metadata``, ``service_tier``, ``prompt_cache_key``,
-``text.verbosity``, ``reasoning.summary``, ``max_tool_calls``...) are accepted and not sent
-upstream; ``metadata`` and the rest of the request are echoed in the Response object.
-``store`` and ``previous_response_id`` are the caller's: it prepends the stored conversation
-(``ResponsesRequest.chat_body(history)``) and stores the answer.
+image or file inputs given by ``file_id``, images and files in a ``function_call_output``.
+Fields that do not change what a correct answer is (``include``, ``truncation``, ``metadata``,
+``service_tier``, ``prompt_cache_key``, ``text.verbosity``, ``reasoning.summary``,
+``max_tool_calls``...) are accepted and not sent upstream; ``metadata`` and the rest of the
+request are echoed in the Response object. ``store`` and ``previous_response_id`` are the
+caller's: it prepends the stored conversation (``ResponsesRequest.chat_body(history)``) and
+stores the answer.
 """
 
 from __future__ import annotations
@@ -221,6 +224,8 @@ def _item(item: Any, where: str) -> dict[str, Any]:
         output = item.get("output")
         if not isinstance(output, (str, list)):
             raise BadRequest(f"'{where}.output' must be a string or parts", param=f"{where}.output")
+        if isinstance(output, list):
+            _output_parts(output, f"{where}.output")
         return {
             "id": _str_or_none(item, "id") or new_id("fco"),
             "type": "function_call_output",
@@ -235,6 +240,27 @@ def _item(item: Any, where: str) -> dict[str, Any]:
         "function_call_output, reasoning)",
         param=f"{where}.type",
     )
+
+
+def _output_parts(parts: list[Any], where: str) -> None:
+    """A ``function_call_output``'s parts: text only, as a chat ``tool`` message holds it."""
+    for j, part in enumerate(parts):
+        at = f"{where}[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_image", "input_file"):
+            raise BadRequest(
+                f"'{at}': images and files in a function_call_output are not supported (the "
+                "chat API's tool message holds text only): send them in a user message",
+                param=at,
+            )
+        if kind != "input_text":
+            raise BadRequest(
+                f"function_call_output parts of type {kind!r} are not supported (supported: "
+                "input_text)",
+                param=f"{at}.type" if isinstance(part, dict) else at,
+            )
+        if not isinstance(part.get("text"), str):
+            raise BadRequest(f"'{at}.text' must be a string", param=f"{at}.text")
 
 
 def _str_or_none(item: dict[str, Any], name: str) -> str | None:
@@ -298,8 +324,10 @@ def input_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             output = item["output"]
             if isinstance(output, list):
-                output = "".join(
-                    p.get("text", "") for p in output if isinstance(p, dict) and "text" in p
+                output = "\n".join(
+                    p["text"]
+                    for p in output
+                    if isinstance(p, dict) and isinstance(p.get("text"), str)
                 )
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
     return messages
@@ -308,7 +336,7 @@ def input_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _chat_message(role: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
     if role == "assistant":
         texts = [p.get("text") or p.get("refusal") or "" for p in parts]
-        return {"role": "assistant", "content": "".join(texts)}
+        return {"role": "assistant", "content": "\n".join(texts)}
     chat_parts: list[dict[str, Any]] = []
     for part in parts:
         kind = part["type"]
@@ -325,8 +353,9 @@ def _chat_message(role: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
                 file["filename"] = part["filename"]
             chat_parts.append({"type": "file", "file": file})
     if all(p["type"] == "text" for p in chat_parts):
-        # Plain text stays a string: every chat template (and the cache key) reads it as such.
-        return {"role": role, "content": "".join(p["text"] for p in chat_parts)}
+        # Plain text stays a string: every chat template (and the cache key) reads it as such;
+        # parts joined by a line break, as vLLM joins a list's text parts and Messages does.
+        return {"role": role, "content": "\n".join(p["text"] for p in chat_parts)}
     return {"role": role, "content": chat_parts}
 
 

@@ -3,7 +3,8 @@
 One chat choice becomes the output items, in the order a Responses model produces them: a
 ``reasoning`` item (from ``reasoning_content`` / ``reasoning``, when the backend returns its
 reasoning), a ``message`` item (``output_text``, or a ``refusal`` part), then one
-``function_call`` item per tool call. ``finish_reason: length`` makes the response
+``function_call`` item per tool call (``arguments`` an upstream sent as a JSON object, as HF
+TGI does, become that object's JSON text). ``finish_reason: length`` makes the response
 ``incomplete`` with ``incomplete_details.reason: max_output_tokens`` (``content_filter`` the
 same with that reason). Usage: ``input_tokens`` and ``input_tokens_details.cached_tokens``
 from ``prompt_tokens`` and ``prompt_tokens_details.cached_tokens`` (``cache_write_tokens`` 0:
@@ -19,6 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.protocol.answers import arguments_text
 from gateway.protocol.responses import ResponsesRequest, new_id
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -151,7 +153,7 @@ def output_items(message: Mapping[str, Any], choice_logprobs: Any = None) -> lis
             function_call_item(
                 str(call.get("id") or new_id("call")),
                 str(function.get("name") or ""),
-                str(function.get("arguments") or ""),
+                arguments_text(function.get("arguments")) or "",
             )
         )
     return items

@@ -11,10 +11,18 @@ a refusal the same with ``response.refusal.*``; reasoning with ``response.reason
 a tool call: ``response.function_call_arguments.delta``... ``.done``) and
 ``response.output_item.done``; at ``[DONE]``, ``response.completed`` (``response.incomplete``
 when the model stopped at its token limit) with the whole Response and its usage. An item is
-closed when the next one opens, as a Responses model streams them one after the other.
+closed when the next one opens, as a Responses model streams them one after the other; but a
+tool call whose arguments are not yet whole JSON when the next call opens stays open (the
+upstream interleaves parallel calls' fragments) until the stream ends or text follows, so its
+``response.function_call_arguments.done`` carries the whole arguments. Argument fragments sent
+as JSON objects are told as their JSON text; deltas without ``index`` are placed by
+``answers.ToolCallSlots``.
 
-An upstream error event becomes an ``error`` event and ``response.failed``. Responses streams
-end without ``data: [DONE]``.
+An upstream error event becomes an ``error`` event and ``response.failed``; so does the
+gateway's own failure (``fail``), the ``error`` event with the code its JSON answer would have
+(``idle_timeout``, ``total_timeout``, ``shutting_down``, ``bad_gateway``) and the failed
+Response's ``error`` with a code of OpenAI's list (``server_error``) and the gateway's error
+``type`` (``timeout_error``...). Responses streams end without ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -22,6 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.errors import GatewayError
+from gateway.protocol import upstream_json
+from gateway.protocol.answers import ToolCallSlots, arguments_text
 from gateway.protocol.chat_events import ChatEvents, retell
 from gateway.protocol.responses import ResponsesRequest, new_id
 from gateway.protocol.responses_output import (
@@ -60,6 +71,7 @@ class ResponsesStream:
         self._output: list[dict[str, Any]] = []
         self._open: _Item | None = None
         self._tools: dict[int, _Item] = {}
+        self._slots = ToolCallSlots()
         self._finish: str | None = None
         self._usage: dict[str, Any] | None = None
 
@@ -83,15 +95,18 @@ class ResponsesStream:
         )
         return b"".join(out)
 
-    def fail(self, message: str) -> bytes:
+    def fail(self, error: GatewayError) -> bytes:
         """The stream broke (or timed out): the client reads ``response.failed``."""
         out: list[bytes] = []
         if not self.done:
-            self._fail(out, message)
+            self._fail(out, error.message, error.named_code(), error.type)
         return b"".join(out)
 
-    def stop(self) -> bytes:
-        """The gateway's deadline: end as a model at its token limit would."""
+    def stop(self, estimate: dict[str, Any] | None = None) -> bytes:
+        """The gateway's deadline: end as a model at its token limit would, with the usage
+        the gateway charges (``estimate``, chat's usage object) when the upstream told none."""
+        if self._usage is None:
+            self._usage = estimate
         out: list[bytes] = []
         if not self.done:
             self._finish = "length"
@@ -126,8 +141,9 @@ class ResponsesStream:
         refusal = delta.get("refusal")
         if isinstance(refusal, str) and refusal:
             self._text(out, "message", "refusal", refusal)
-        for call in dicts(delta.get("tool_calls")):
-            self._tool_call(call, out)
+        calls = dicts(delta.get("tool_calls"))
+        for position, call in enumerate(calls):
+            self._tool_call(call, out, self._slots.slot(call, position, len(calls) == 1))
 
     def _text(
         self,
@@ -155,17 +171,15 @@ class ResponsesStream:
         else:
             self._emit(out, "response.reasoning_text.delta", **where, delta=text)
 
-    def _tool_call(self, call: dict[str, Any], out: list[bytes]) -> None:
-        index = call.get("index", 0)
-        index = index if isinstance(index, int) else 0
+    def _tool_call(self, call: dict[str, Any], out: list[bytes], index: int) -> None:
         function = call.get("function") if isinstance(call.get("function"), dict) else {}
         assert isinstance(function, dict)
         item = self._tools.get(index)
         if item is None:
             item = self._open_item(out, "function_call", call, function)
             self._tools[index] = item
-        fragment = function.get("arguments")
-        if isinstance(fragment, str) and fragment:
+        fragment = arguments_text(function.get("arguments"))
+        if fragment:
             item.text.append(fragment)
             self._emit(
                 out,
@@ -192,8 +206,10 @@ class ResponsesStream:
         call: dict[str, Any] | None = None,
         function: dict[str, Any] | None = None,
     ) -> _Item:
-        if self._open is not None:
-            self._close_item(out, self._open)
+        for open_ in self._unfinished():
+            if kind == "function_call" and open_.kind == "function_call" and not _whole(open_):
+                continue  # interleaved fragments may follow: closed at the end (module comment)
+            self._close_item(out, open_)
         index = len(self._output)
         self._output.append({})  # its place, filled when it is done
         if kind == "function_call":
@@ -272,15 +288,19 @@ class ResponsesStream:
         self.done = True
         self._emit(out, f"response.{response['status']}", response=response)
 
-    def _fail(self, out: list[bytes], message: str) -> None:
+    def _fail(
+        self, out: list[bytes], message: str, code: str = "server_error", kind: str | None = None
+    ) -> None:
+        """``code``: the ``error`` event's; the Response's error code is one OpenAI lists (its
+        clients validate it), with the gateway's error type as its ``type``."""
         self.failed = True
         for item in self._unfinished():
             self._close_item(out, item, "incomplete")
         self.done = True
         self.response["status"] = "failed"
         self.response["output"] = list(self._output)
-        self.response["error"] = {"code": "server_error", "message": message}
-        self._emit(out, "error", code="server_error", message=message, param=None)
+        self.response["error"] = {"code": "server_error", "message": message, "type": kind}
+        self._emit(out, "error", code=code, message=message, param=None)
         self._emit(out, "response.failed", response=self.response)
 
     def _unfinished(self) -> list[_Item]:
@@ -291,6 +311,15 @@ class ResponsesStream:
     def _emit(self, out: list[bytes], kind: str, **fields: Any) -> None:
         out.append(encode_named(kind, {"type": kind, "sequence_number": self._seq, **fields}))
         self._seq += 1
+
+
+def _whole(item: _Item) -> bool:
+    """The tool call's arguments so far are whole JSON (its last fragment came)."""
+    try:
+        upstream_json.loads("".join(item.text))
+    except ValueError:
+        return False
+    return True
 
 
 def _part(kind: str, text: str, tokens: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -110,13 +110,20 @@ def storable(body: bytes | None) -> Callable[[], bytes | None]:
 
 
 def replayed(hit: CacheHit) -> bytes:
-    """The stored answer as a new one: a fresh id and time, zero usage. ``model`` stays what
-    the stored answer said (the model that served it), as a live answer would say."""
+    """The stored answer as a new one: a fresh id, time and tool call ids, zero usage.
+    ``model`` stays what the stored answer said (the model that served it), as a live answer
+    would say."""
     data = json.loads(hit.response)
     prefix = "chatcmpl" if data.get("object") == "chat.completion" else "cmpl"
     data["id"] = f"{prefix}-cache-{uuid.uuid4().hex[:24]}"
     data["created"] = int(time.time())
     data["usage"] = dict(ZERO_USAGE)
+    for choice in data.get("choices") or ():
+        message = choice.get("message") if isinstance(choice, dict) else None
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        for call in calls if isinstance(calls, list) else ():
+            if isinstance(call, dict) and "id" in call:  # an agent indexes results by call id
+                call["id"] = f"call_{uuid.uuid4().hex[:24]}"
     return render_json(data)
 
 

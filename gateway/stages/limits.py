@@ -2,12 +2,16 @@
 settlement after.
 
 Before: one limiter call takes every limit that binds the request (``gateway.limits``),
-reserving its estimated tokens (``gateway.limits.estimate``). A refusal is a 429 as OpenAI
-sends it (``rate_limit_exceeded``; ``insufficient_quota`` for a spent budget) with
-``Retry-After``; the ``x-ratelimit-*`` headers go on every response of a limited tenant. A
-spent budget with ``on_exhausted: downgrade`` is served by the model the budget names
-(``downgrade_to``), else by the alias's small tier, and says so (``x-gateway-downgraded``);
-with neither, it is refused as a spent budget.
+reserving its estimated tokens (``gateway.limits.estimate``) and, under a budget, holding the
+most its answer may cost: the prompt's estimate and the output reservation (``max_tokens`` x
+``n``, else the expected output) at the costliest target that may answer it (any fallback; a
+tiered alias's dearer tier, or both tiers' sum for a cascade, whose escalated small answer is
+paid for too). The hold is released when the request settles. A refusal is a 429 as OpenAI
+sends it (``rate_limit_exceeded``; ``insufficient_quota`` for a budget that cannot cover the
+request) with ``Retry-After``; the ``x-ratelimit-*`` headers go on every response of a
+limited tenant. A budget that cannot cover it with ``on_exhausted: downgrade`` is served by
+the model the budget names (``downgrade_to``), else by the alias's small tier, holding
+nothing, and says so (``x-gateway-downgraded``); with neither, it is refused as a spent budget.
 
 After: the answer's usage (its JSON, its stream's usage chunk, zero for a cache hit) is priced
 by the destination that answered (``models.<alias>.price``): in ``x-gateway-cost-usd`` while
@@ -30,8 +34,8 @@ from types import TracebackType
 
 from gateway.call import STATUS_KEY, Call
 from gateway.errors import GatewayError, QuotaExceeded, RateLimited, Unavailable
-from gateway.limits.cost import Price, Usage, cost_pico, usd_float, usd_text
-from gateway.limits.estimate import output_tokens, prompt_tokens, reserve_tokens
+from gateway.limits.cost import Price, Usage, cost_pico, most_cost, usd_float, usd_text
+from gateway.limits.estimate import output_tokens, prompt_tokens
 from gateway.limits.limiter import Admission, LimitExceeded
 from gateway.limits.rules import RateLimits
 from gateway.limits.usage import UsageRecord
@@ -85,6 +89,15 @@ class Quota:
             return Usage(input=prompt)
         expected = call.rt.limits.expected_output(call.plan.name)
         return Usage(input=prompt, output=output_tokens(call.parsed.body, expected))
+
+    def estimate_json(self) -> dict[str, int]:
+        """``estimate`` as chat's usage object (a stream the deadline stopped tells it)."""
+        usage = self.estimate()
+        return {
+            "prompt_tokens": usage.input,
+            "completion_tokens": usage.output,
+            "total_tokens": usage.total,
+        }
 
     def opened(self, attempt: Attempt) -> None:
         """The attempt that answers: its price, and whether it began an answer."""
@@ -161,13 +174,18 @@ class LimitStage:
     async def admit(self, call: Call, targets: list[Destination]) -> Quota:
         rt, parsed = call.rt, call.parsed
         subject = rt.limits.subject(call.tenant, call.plan.name)
-        tokens = 0
-        if _counts_tokens(subject.limits) or _counts_tokens(subject.surface_limits):
-            expected = rt.limits.expected_output(call.plan.name)
-            generates = parsed.endpoint is not Endpoint.EMBEDDINGS  # passthroughs generate too
-            tokens = reserve_tokens(parsed.body, expected, generates)
+        tokens = cost = 0
+        counts = _counts_tokens(subject.limits) or _counts_tokens(subject.surface_limits)
+        if counts or subject.budget is not None:
+            prompt = prompt_tokens(parsed.body)
+            output = 0
+            if parsed.endpoint is not Endpoint.EMBEDDINGS:  # passthroughs generate too
+                output = output_tokens(parsed.body, rt.limits.expected_output(call.plan.name))
+            tokens = prompt + output if counts else 0
+            if subject.budget is not None:
+                cost = _most_cost(call, targets, prompt, output)
         try:
-            admission = await rt.limiter.admit(subject, tokens)
+            admission = await rt.limiter.admit(subject, tokens, cost)
         except LimitExceeded as exc:
             self.metrics.refusal(call.tenant, call.plan.name, exc.reason)
             call.span.decision({"limits.refused": exc.reason})
@@ -196,7 +214,7 @@ class LimitStage:
             return usage
         if quota.tap is not None and quota.tap.events:
             return quota.estimate()  # a stream that ended without its usage
-        if call.request.get(STATUS_KEY, 200) >= 400:
+        if call.request.get(STATUS_KEY, 200) >= 400 and not quota.answered:
             return None  # the upstream refused (4xx): nothing was generated
         return quota.estimate()
 
@@ -204,20 +222,51 @@ class LimitStage:
         self, call: Call, quota: Quota, usage: Usage | None, estimated: bool = False
     ) -> None:
         record = None
-        if usage is not None:
+        tokens = _with_spent(usage, quota)  # counted as they are charged
+        if tokens is not None:
             cost = quota.cost(usage)
             model = call.parsed.model
-            record = UsageRecord(call.plan.name, model, usage, cost or 0, quota.cache_hit)
-            self.metrics.answered(call.tenant, call.plan.name, model, usage, cost, quota.cache_hit)
+            record = UsageRecord(call.plan.name, model, tokens, cost or 0, quota.cache_hit)
+            self.metrics.answered(call.tenant, call.plan.name, model, tokens, cost, quota.cache_hit)
             if cost is not None:
                 call.span.decision({"cost.usd": usd_float(cost)})
             call.span.decision(
                 {
-                    "usage.cached_input_tokens": usage.cached_input,
-                    "usage.estimated": estimated or None,
+                    "usage.cached_input_tokens": tokens.cached_input,
+                    "usage.estimated": (estimated and usage is not None) or None,
                 }
             )
         call.rt.limiter.finish(quota.admission, record)
+
+
+def _with_spent(usage: Usage | None, quota: Quota) -> Usage | None:
+    """The answer's tokens plus those of answers paid for and not served (an escalated small
+    tier's); None when there is neither."""
+    parts = [u for u in (usage, *(spent for spent, _ in quota.spent)) if u is not None]
+    if not parts or (usage is not None and len(parts) == 1):
+        return usage
+    return Usage(
+        input=sum(u.input for u in parts),
+        cached_input=sum(u.cached_input for u in parts),
+        output=sum(u.output for u in parts),
+    )
+
+
+def _most_cost(call: Call, targets: list[Destination], prompt: int, output: int) -> int:
+    """The most the answer may cost (pUSD), priced at the costliest target that may serve it:
+    any of the alias's fallbacks; for a tiered alias the dearer tier (the targets given are
+    its small tier's), or both tiers for a cascade (an escalated small answer is paid too)."""
+
+    def at(targets: list[Destination]) -> int:
+        priced = (most_cost(t.price, prompt, output) for t in targets if t.price is not None)
+        return max(priced, default=0)
+
+    rt, alias = call.rt, call.parsed.model
+    tiered = rt.tiered(alias)
+    if tiered is None:
+        return at(targets)
+    each = [at(rt.tier_targets(alias, tier)) for tier in tiered.tiers]
+    return sum(each) if tiered.mode == "cascade" else max(each)
 
 
 def _counts_tokens(limits: RateLimits | None) -> bool:
@@ -233,16 +282,29 @@ def _error(exc: LimitExceeded) -> GatewayError:
 
 
 def _downgrade(call: Call) -> tuple[list[Destination], str]:
-    """The budget is spent: the model the budget names, else the alias's small tier."""
-    rt, alias = call.rt, call.parsed.model
+    """The budget is spent: the model the budget names, else the alias's small tier; of its
+    destinations, those that serve the request's endpoint (a passthrough, the client's own
+    Responses or Messages request, only a backend that serves that API itself), else refused
+    as spent."""
+    rt, alias, endpoint = call.rt, call.parsed.model, call.parsed.endpoint
     named = rt.limits.downgrade_to(call.tenant)
     if named is not None:
         tiered = rt.tiered(named)
-        return (rt.tier_targets(named, tiered.small) if tiered else rt.targets(named)), named
-    tiered = rt.tiered(alias)
-    if tiered is not None:
-        return rt.tier_targets(alias, tiered.small), "small"
-    raise QuotaExceeded(
-        f"tenant {call.tenant!r} has spent its budget and model '{alias}' has no cheaper tier",
-        code="insufficient_quota",
-    )
+        targets = rt.tier_targets(named, tiered.small) if tiered else rt.targets(named)
+        downgraded = named
+    elif (tiered := rt.tiered(alias)) is not None:
+        targets, downgraded = rt.tier_targets(alias, tiered.small), "small"
+    else:
+        raise QuotaExceeded(
+            f"tenant {call.tenant!r} has spent its budget and model '{alias}' has no cheaper tier",
+            code="insufficient_quota",
+        )
+    targets = rt.serving(targets, endpoint)
+    if not targets:
+        api = endpoint.value.capitalize()
+        raise QuotaExceeded(
+            f"tenant {call.tenant!r} has spent its budget, and its downgrade ('{downgraded}') "
+            f"has no backend that serves the {api} API itself, as model '{alias}' does",
+            code="insufficient_quota",
+        )
+    return targets, downgraded

@@ -175,6 +175,9 @@ class Watch:
 class Served:
     relayed: Relayed
     watch: Watch
+    # Not what the request resolves to, for this request alone: a fallback backend's answer,
+    # or a cascade's small answer served because the large tier failed. Never stored.
+    degraded: bool = False
 
 
 def _span_response(span: RequestSpan, summary: ResponseSummary, server_url: str) -> None:

@@ -10,8 +10,10 @@ tier for a complete, non-streamed answer and judges all of it; ``commit: {tokens
 from the small tier, holds the first N content chunks, judges them, then either hands the
 attempt (held chunks first) to the relay, or closes the small stream and opens the large tier.
 The client never sees a token that is taken back. If the large tier then fails before its
-first byte, the held small answer is served (``fallback_to_small``) with
-``x-gateway-tier-fallback: small``. If the small tier fails (no replica can answer, it answers
+first byte, the small answer read whole is served (``fallback_to_small``) with
+``x-gateway-tier-fallback: small`` (a held stream was closed: nothing is left to serve).
+The stage judges (``judge``) and then answers (``answer``) in two steps, so the orchestrator
+counts the verdict and pays for an escalated small answer before the large tier is asked. If the small tier fails (no replica can answer, it answers
 4xx, its answer breaks off, goes silent for ``idle_s`` or is not JSON), the large tier answers:
 a failed small tier is one more reason to escalate, never the request's failure while the
 caller's deadline lasts. A replica to blame (broken, silent, not JSON) has it counted against
@@ -39,7 +41,7 @@ import aiohttp
 
 from gateway.call import Call
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
-from gateway.limits.cost import Usage
+from gateway.limits.cost import Price, Usage
 from gateway.protocol import upstream_json
 from gateway.protocol.openai import Endpoint, ParsedRequest
 from gateway.protocol.sse import DONE, EventSplitter, EventTooLong, Framing, payloads
@@ -75,14 +77,31 @@ class TierChoice:
 
 
 @dataclass(slots=True)
+class Judged:
+    """The small tier's answer at the commit point and what is decided on it."""
+
+    verdict: CascadeVerdict
+    escalate: bool  # the verdict's, unless the caller's deadline is spent (then kept)
+    small: Attempt | None  # None: the small tier failed
+    whole: bool  # the small answer was asked for whole (else: a stream held to N chunks)
+    body: bytes | None = None  # the small answer, when read whole
+    paid: Usage | None = None  # its usage, when read whole and reported
+
+    def discarded(self) -> tuple[Usage, Price | None] | None:
+        """What an escalation throws away after paying for it: the small answer read whole."""
+        if not self.escalate or self.paid is None or self.small is None:
+            return None
+        return self.paid, self.small.target.price
+
+
+@dataclass(slots=True)
 class Cascaded:
     """A cascade's outcome: the attempt to relay, or a finished answer to send (``held``)."""
 
     attempt: Attempt
     held: bytes | None
-    verdict: CascadeVerdict
     headers: dict[str, str]
-    discarded: Usage | None = None  # an escalated small answer's usage: paid for, not served
+    fallback: bool = False  # escalated, the large tier failed: the held small answer is served
 
 
 class TierStage:
@@ -111,7 +130,8 @@ class TierStage:
             config, tier, score, threshold, rt.tier_targets(alias, config.tiers[tier])
         )
 
-    async def cascade(self, call: Call, choice: TierChoice, opener: AttemptOpener) -> Cascaded:
+    async def judge(self, call: Call, choice: TierChoice, opener: AttemptOpener) -> Judged:
+        """The small tier's answer, held to the commit point, and the verifier's verdict on it."""
         config, parsed = choice.config, call.parsed
         whole = config.commit_point.whole or not parsed.stream
         body: bytes | None = None
@@ -134,23 +154,32 @@ class TierStage:
                 answer = await _hold(small, int(config.commit_point.tokens), parsed.endpoint, call)
         except GatewayError as exc:
             # The small tier failed (no replica, an error, a broken or unreadable answer, a 4xx
-            # it gave): the large tier answers, unless the caller's deadline is already spent.
+            # it gave): the large tier answers, unless the caller's deadline is already spent
+            # (then nothing reached the client: a 504, as a plain request's before its first byte).
             if _past(call.deadline):
                 raise
             verdict = CascadeVerdict(True, 0.0, choice.threshold, f"escalate: {exc.message}")
-            small, body = None, None
-        else:
-            verdict = self.verifiers[config.artifact].verdict(
-                answer, choice.score, choice.threshold
-            )
-            if not verdict.escalate or _past(call.deadline):
-                headers = {"x-gateway-cascade": "kept", "x-gateway-tier": "small"}
-                return Cascaded(small, body, verdict, headers)
+            return Judged(verdict, True, None, whole)
+        if answer.finish_reason == "length" and _callers_limit(parsed.body, small.capped):
+            answer = replace(answer, callers_limit=True)
+        verdict = self.verifiers[config.artifact].verdict(answer, choice.score, choice.threshold)
+        escalate = verdict.escalate and not _past(call.deadline)
+        return Judged(verdict, escalate, small, whole, body, paid)
+
+    async def answer(
+        self, call: Call, choice: TierChoice, judged: Judged, opener: AttemptOpener
+    ) -> Cascaded:
+        """The kept small answer, or the large tier's (the held small one if it fails)."""
+        small, body = judged.small, judged.body
+        if not judged.escalate:
+            assert small is not None  # a failed small tier always escalates
+            return Cascaded(small, body, {"x-gateway-cascade": "kept", "x-gateway-tier": "small"})
         # Escalate: the small answer is dropped (kept aside only as a fallback). A held stream
         # is closed now; an answer read whole has freed its connection, and frees its replica's
         # load once it is not the fallback (else the replica counts it outstanding forever).
-        if small is not None and not whole:
+        if small is not None and not judged.whole:
             await small.discard()
+        config, parsed = choice.config, call.parsed
         started = time.perf_counter()
         fallback = False
         try:
@@ -169,13 +198,20 @@ class TierStage:
                 "x-gateway-tier": "small",
                 "x-gateway-tier-fallback": "small",
             }
-            return Cascaded(small, body, verdict, headers)
+            return Cascaded(small, body, headers, fallback=True)
         headers = {
             "x-gateway-cascade": "escalated",
             "x-gateway-tier": "large",
             "x-gateway-escalation-ms": f"{(time.perf_counter() - started) * 1000:.1f}",
         }
-        return Cascaded(large, None, verdict, headers, paid)
+        return Cascaded(large, None, headers)
+
+
+def _callers_limit(body: Mapping[str, Any], capped: bool) -> bool:
+    """A "length" finish is the caller's doing: it set the output limit and the gateway did not
+    lower it (``cap_output``). The large tier would stop there too."""
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    return not capped and isinstance(limit, int) and not isinstance(limit, bool)
 
 
 def _past(deadline: float | None) -> bool:
@@ -241,6 +277,7 @@ def _answer_of(data: dict[str, Any], endpoint: Endpoint) -> tuple[SmallAnswer, U
         _text(choice, endpoint, "message"),
         _logprobs(choice),
         finish if isinstance(finish, str) else None,
+        tool_calls=len(_tool_calls(choice, endpoint, "message")),
     ), usage
 
 
@@ -254,6 +291,18 @@ def _text(choice: dict[str, Any], endpoint: Endpoint, holder: str) -> str:
         else None
     )
     return text if isinstance(text, str) else ""
+
+
+def _tool_calls(choice: dict[str, Any], endpoint: Endpoint, holder: str) -> list[Any]:
+    """The tool calls of a chat choice (in its ``message`` or ``delta``), or a legacy
+    ``function_call`` as one; [] for anything else."""
+    part = choice.get(holder) if endpoint is Endpoint.CHAT else None
+    if not isinstance(part, dict):
+        return []
+    calls = part.get("tool_calls")
+    if isinstance(calls, list):
+        return [c for c in calls if isinstance(c, dict)]
+    return [part["function_call"]] if isinstance(part.get("function_call"), dict) else []
 
 
 def _logprobs(choice: dict[str, Any]) -> list[float] | None:
@@ -280,7 +329,8 @@ def _number(value: Any) -> bool:
 
 
 async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -> SmallAnswer:
-    """Read the small stream until ``tokens`` content chunks, its end, or the deadline.
+    """Read the small stream until ``tokens`` chunks of content or tool calls, its end, or
+    the deadline.
 
     The bytes read are kept in ``attempt.first`` for the relay to send first.
     """
@@ -288,11 +338,13 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
     framing = Framing()  # bounds what is held: an event that never ends fails the tier
     splitter = EventSplitter()
     pieces: list[str] = []
+    calls: set[int] = set()  # the tool calls begun (their ``index``)
+    chunks = 0  # chunks that carried text or a tool call's part
     finish = None
     done = ended = False
 
     def scan(events: Iterable[bytes]) -> None:
-        nonlocal finish, done
+        nonlocal finish, done, chunks
         for event in events:
             for payload in payloads(event):
                 if payload == DONE:
@@ -307,6 +359,11 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
                 text = _text(choice, endpoint, "delta")
                 if text:
                     pieces.append(text)
+                deltas = _tool_calls(choice, endpoint, "delta")
+                for delta in deltas:
+                    index = delta.get("index", 0)
+                    calls.add(index if isinstance(index, int) else 0)
+                chunks += bool(text or deltas)
                 reason = choice.get("finish_reason")
                 finish = reason if isinstance(reason, str) and reason else finish
 
@@ -315,7 +372,7 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
     try:
         scan(splitter.feed(framing.feed(b"".join(held))))
         async with window:
-            while not done and len(pieces) < tokens:
+            while not done and chunks < tokens:
                 data = await attempt.response.content.readany()
                 if not data:
                     ended = True
@@ -347,4 +404,4 @@ async def _hold(attempt: Attempt, tokens: int, endpoint: Endpoint, call: Call) -
         _failed(attempt)
         raise UpstreamError("the small tier's stream ended early", code="tier_failed")
     attempt.first = b"".join(held)
-    return SmallAnswer("".join(pieces), None, finish, complete=done)
+    return SmallAnswer("".join(pieces), None, finish, complete=done, tool_calls=len(calls))

@@ -4,7 +4,8 @@ Order per target (the model's backend, then each fallback): the router chooses a
 available replicas; with ``budget_routing`` a replica predicted to miss the TTFT budget yields
 to one predicted to meet it; with ``cap_output`` ``max_tokens`` is lowered so the answer fits
 ``total_ms``; with hedging, if no first chunk has come by the hedge delay, the same request goes
-to a second replica (the router's choice, unless the latency tracker predicts it slow) and
+to a second replica (the least loaded of the others, unless the latency tracker predicts it
+slow; never asked of the router, whose turn would move) and
 the first to produce a chunk wins (the other is closed at once, so its replica aborts it, and
 its elapsed time is recorded as a lower bound of that replica's TTFT). A failure before the
 first byte (connect error, 5xx) moves on to another replica once, then to the next target.
@@ -46,11 +47,18 @@ from gateway.call import Call
 from gateway.errors import RateLimited, Unavailable, UpstreamError, UpstreamTimeout
 from gateway.limits.estimate import reserve_tokens
 from gateway.limits.headers import retry_headers
+from gateway.observability.log_every import LogEvery
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.tracing import AttemptSpan
 from gateway.protocol.openai import Endpoint
 from gateway.runtime import Destination
-from gateway.upstream.client import AttemptFailed, UpstreamRequest, UpstreamResponse, open_upstream
+from gateway.upstream.client import (
+    AttemptFailed,
+    UpstreamRequest,
+    UpstreamResponse,
+    UpstreamStreamError,
+    open_upstream,
+)
 from gateway.upstream.race import race_first_chunk
 from gateway.upstream.ratelimits import UpstreamLimits, retry_after_s
 from policies.backends import TimeoutConfig
@@ -62,6 +70,8 @@ from routing.replica import LoadGuard, Replica
 from routing.router import RoutingDecision, RoutingRequest
 
 log = logging.getLogger("llm_gateway.upstream")
+# A failing replica fails every request sent to it: one line per replica and outcome every 10 s.
+_failures = LogEvery(log)
 
 
 @dataclass(slots=True)
@@ -206,12 +216,17 @@ class AttemptOpener:
                 turn += 1
                 try:
                     attempt = await self._attempt(
-                        call, target, decision, routing, candidates, turn - 1, tried
+                        call, target, decision, candidates, turn - 1, tried
                     )
                 except AttemptFailed as exc:
-                    log.warning(
-                        "attempt on %s/%s failed: %s", pool.name, decision.replica.name, exc
-                    )  # the operator's line names the replica; the caller's never does
+                    # The operator's line names the replica; the caller's never does.
+                    _failures.warning(
+                        (pool.name, decision.replica.name, exc.outcome),
+                        "attempt on %s/%s failed: %s",
+                        pool.name,
+                        decision.replica.name,
+                        exc,
+                    )
                     if exc.outcome == "rejected_key":
                         raise key_refused(pool.name, exc) from exc
                     if not exc.retryable:
@@ -305,7 +320,6 @@ class AttemptOpener:
         call: Call,
         target: Destination,
         decision: RoutingDecision,
-        routing: RoutingRequest,
         candidates: list[Replica],
         turn: int,
         tried: set[str],
@@ -330,15 +344,27 @@ class AttemptOpener:
         async def second() -> Attempt:
             rest = [r for r in pool.available(target.upstream_model) if r.base_url not in tried]
             rest = [r for r in rest if _has_room(r, pool)] or rest
-            choice = pool.router.choose(rest, routing)
-            if choice is None:
+            if not rest:
                 raise AttemptFailed("no_replica", "no replica left to hedge on", True)
-            target_replica = hedge.target(choice.replica, rest)
-            if target_replica is not choice.replica:
-                choice = RoutingDecision(target_replica, "hedge_latency", 0)
+            # Not the router's choice: asking it moves its turn, so the next request's primary
+            # would land where this one's did (a slow replica, every time).
+            least = min(rest, key=lambda r: r.outstanding)
+            target_replica = hedge.target(least, rest)
+            reason = "least_loaded" if target_replica is least else "hedge_latency"
+            choice = RoutingDecision(target_replica, reason, 0)
             tried.add(target_replica.base_url)
             sent.append((target_replica, time.perf_counter()))
-            attempt = await self._one(call, target, choice, read_first, True)
+            try:
+                attempt = await self._one(call, target, choice, read_first, True)
+            except AttemptFailed as exc:
+                _failures.warning(
+                    (pool.name, target_replica.name, exc.outcome),
+                    "hedge on %s/%s failed: %s",
+                    pool.name,
+                    target_replica.name,
+                    exc,
+                )
+                raise
             if attempt.response.status == 429:
                 # The hedge's replica (or its key) is limited: the primary may still answer,
                 # so the race waits for it rather than relaying the hedge's 429.
@@ -414,16 +440,20 @@ class AttemptOpener:
                 pool, replica, UpstreamRequest(path, body, headers), timeouts, first_byte_s
             )
             self.limits.observe(replica.base_url, response.headers, response.status)
+            translated = False  # a stream (SSE) a provider translates
             if provider is not None:
                 # Providers' backends are never vLLM's: their requests go through aiohttp.
                 assert isinstance(response, aiohttp.ClientResponse)
-                response = provider.wrap(response, call.parsed)
+                raw, response = response, provider.wrap(response, call.parsed)
+                translated = response is not raw and _sse(response)
             if call.parsed.stream and response.status == 200:
                 _check_streams(response, replica)
             attempt = Attempt(target, decision, response, guard, span, timeouts, opened_at)
             attempt.capped = capped
             attempt.metrics = self.metrics
-            if read_first and response.status == 200:
+            # A translated stream is read to its first chunk (Anthropic's message_start) before
+            # anything goes out: an error event before it (overloaded) is retried elsewhere.
+            if (read_first or translated) and response.status == 200:
                 attempt.first = await _first_chunk(response, replica, first_byte_s)
                 attempt.first_at = time.perf_counter()
                 span.first_chunk()
@@ -486,6 +516,10 @@ def _has_room(replica: Replica, pool: BackendPool) -> bool:
     return replica.outstanding < pool.settings.max_connections
 
 
+def _sse(response: UpstreamResponse) -> bool:
+    return "event-stream" in response.headers.get("Content-Type", "").lower()
+
+
 def _check_streams(response: UpstreamResponse, replica: Replica) -> None:
     """A stream request's 200 must be SSE, or a whole JSON answer (a server that ignores
     ``stream``: the relay sends it as a stream); anything else (a proxy's HTML page) is no
@@ -505,6 +539,8 @@ async def _first_chunk(response: UpstreamResponse, replica: Replica, limit_s: fl
             data = await response.content.readany()
     except TimeoutError as exc:
         raise AttemptFailed("timeout", f"{replica.name} sent no token in time", False) from exc
+    except UpstreamStreamError as exc:  # an error event first: as the same error in a status
+        raise AttemptFailed("http_5xx", f"{replica.name} answered {exc}", True) from exc
     except aiohttp.ClientError as exc:
         raise AttemptFailed("connect_error", f"{replica.name} broke the stream", True) from exc
     if not data:

@@ -17,16 +17,17 @@ import contextlib
 import json
 import logging
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from gateway.errors import error_bytes
+from gateway.errors import GatewayError, error_bytes
 from gateway.protocol.sse import DONE, DONE_EVENT
 
 log = logging.getLogger("llm_gateway.relay")
 
 _DONE_LINES = (b"\n" + DONE_EVENT.rstrip(), b"\ndata:" + DONE)
+_HEAD_BYTES = 2048  # kept of a stream's first bytes: its first chunk, for the deadline's stop
 
 
 class ClientStream(Protocol):
@@ -39,9 +40,13 @@ class ClientStream(Protocol):
 
     def feed(self, data: bytes) -> bytes: ...
 
-    def fail(self, message: str) -> bytes: ...
+    def fail(self, error: GatewayError) -> bytes:
+        """The gateway's own failure, told as the client's API tells that error unstreamed."""
+        ...
 
-    def stop(self) -> bytes: ...
+    def stop(self, estimate: dict[str, Any] | None = None) -> bytes:
+        """The deadline's end; ``estimate``: chat's usage object the gateway charges."""
+        ...
 
 
 class ClientDialect(Protocol):
@@ -58,21 +63,17 @@ class ClientDialect(Protocol):
         ...
 
 
-# An error event's code, as the JSON answer for the same failure names it (a string, as in
-# OpenAI's error objects), when the caller gives none.
-_STATUS_CODES = {502: "bad_gateway", 503: "service_unavailable", 504: "timeout"}
-
-
 class StreamOut:
     """The client's side of a stream: the bytes as they came, or re-told by a dialect."""
 
-    __slots__ = ("_client", "_encoder", "_ended", "_resp", "_tail")
+    __slots__ = ("_client", "_encoder", "_ended", "_head", "_resp", "_tail")
 
     def __init__(self, resp: web.StreamResponse, client: ClientDialect | None) -> None:
         self._resp = resp
         self._client = client
         self._encoder = client.stream() if client is not None else None
         self._tail = b"\n"  # the stream's start counts as after a newline
+        self._head = b""  # the first bytes as they came: the stream's id and model
         self._ended = False
 
     @property
@@ -101,34 +102,33 @@ class StreamOut:
         if self._encoder is None:
             await self._resp.write(data)
             self._tail = (self._tail + data)[-32:]
+            if len(self._head) < _HEAD_BYTES:
+                self._head += data[:_HEAD_BYTES]
             return
         told = self._encoder.feed(data)
         await self._end_if_done()
         if told:
             await self._resp.write(told)
 
-    async def error(
-        self,
-        message: str,
-        type_: str = "upstream_error",
-        status: int = 502,
-        code: str | int | None = None,
-    ) -> None:
-        log.warning("stream ended with an error: %s", message)
+    async def error(self, error: GatewayError) -> None:
+        """End the stream with ``error``: its type and code (the dialect's, for another API)
+        as the JSON answer for the same failure would say them."""
+        log.warning("stream ended with an error: %s", error.message)
         if self._encoder is not None:
-            data = self._encoder.fail(message)
+            data = self._encoder.fail(error)
         else:
-            code = code if code is not None else _STATUS_CODES.get(status, "bad_gateway")
-            data = b"data: " + error_bytes(message, type_, code) + b"\n\n"
+            data = b"data: " + error_bytes(error.message, error.type, error.named_code()) + b"\n\n"
         with contextlib.suppress(ConnectionResetError):
             await self._resp.write(data)
 
-    async def stop(self, chat: bool) -> None:
-        """End a stream at the deadline the way a model that hit max_tokens would."""
+    async def stop(self, chat: bool, estimate: dict[str, Any] | None = None) -> None:
+        """End a stream at the deadline the way a model that hit max_tokens would: the
+        stream's own id and model, and the usage the gateway charges (``estimate``, chat's usage
+        object) where the client asked for usage (None: it did not)."""
         if self._encoder is None:
-            await _write_stop(self._resp, chat)
+            await _write_stop(self._resp, chat, _first_chunk(self._head), estimate)
             return
-        data = self._encoder.stop()
+        data = self._encoder.stop(estimate)
         await self._end_if_done()
         with contextlib.suppress(ConnectionResetError):
             await self._resp.write(data)
@@ -143,7 +143,25 @@ class StreamOut:
             await client.ended()
 
 
-async def _write_stop(resp: web.StreamResponse, chat: bool) -> None:
+def _first_chunk(head: bytes) -> dict[str, Any]:
+    """The stream's first chunk (its id, created time and model), if it is whole in ``head``."""
+    start = head.find(b"data:")
+    end = head.find(b"\n", start)
+    if start < 0 or end < 0:
+        return {}
+    try:
+        chunk = json.loads(head[start + 5 : end])
+    except ValueError:
+        return {}
+    return chunk if isinstance(chunk, dict) else {}
+
+
+async def _write_stop(
+    resp: web.StreamResponse,
+    chat: bool,
+    first: dict[str, Any],
+    estimate: dict[str, Any] | None,
+) -> None:
     """End a stream at the deadline the way a model that hit max_tokens would."""
     if chat:
         choice: dict[str, object] = {"index": 0, "delta": {}, "finish_reason": "length"}
@@ -151,12 +169,18 @@ async def _write_stop(resp: web.StreamResponse, chat: bool) -> None:
     else:
         choice = {"index": 0, "text": "", "finish_reason": "length"}
         obj = "text_completion"
-    chunk = {
-        "id": "gateway-deadline",
+    head: dict[str, Any] = {
+        "id": first.get("id") if isinstance(first.get("id"), str) else "gateway-deadline",
         "object": obj,
-        "created": int(time.time()),
-        "choices": [choice],
+        "created": first.get("created") if isinstance(first.get("created"), int) else 0,
+        "model": first.get("model") if isinstance(first.get("model"), str) else "",
     }
+    if not head["created"]:
+        head["created"] = int(time.time())
+    chunks = [{**head, "choices": [choice]}]
+    if estimate is not None:
+        chunks.append({**head, "choices": [], "usage": estimate})
+    data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
     with contextlib.suppress(ConnectionResetError):
-        await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n" + DONE_EVENT)
+        await resp.write(data + DONE_EVENT)
         await resp.write_eof()

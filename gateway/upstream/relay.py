@@ -45,12 +45,12 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
 
-from gateway.errors import UpstreamError, UpstreamTimeout, stopping
+from gateway.errors import Unavailable, UpstreamError, UpstreamTimeout, stopping
 from gateway.protocol.answers import render_sse
 from gateway.protocol.sse import MAX_EVENT_BYTES, EventTooLong, Framing
 from gateway.upstream.attempts import Attempt
@@ -108,11 +108,18 @@ class RelayPlan:
     # A whole answer (JSON, or a finished answer rendered as SSE), before its headers are sent:
     # returns headers to add (its cost).
     on_answer: Callable[[bytes, Attempt | None], Mapping[str, str]] | None = None
+    # The usage charged for a stream the deadline stopped (chat's usage object): told in the
+    # stream's end when the client's API carries usage, or it asked for the usage chunk.
+    estimate: Callable[[], dict[str, Any]] | None = None
 
 
 @dataclass(slots=True)
 class RelayResult:
-    status: int  # 200, the upstream's 4xx, 502/504 for a broken stream, 499 client gone
+    # The answer's status, the one every count reads (metrics, access log, SLO, span, cache
+    # fill, limits): a whole answer's is the status it was sent with (a 502 for one the
+    # client's API cannot tell); a stream's is its head's, or how it ended after it (502/504
+    # broken, 503 the drain, 499 the client gone).
+    status: int
     body: bytes | None = None  # the whole answer of a non-streaming request
     first_at: float | None = None  # perf_counter of the first streamed bytes
     last_at: float | None = None
@@ -159,20 +166,21 @@ async def send_answer(
     request: web.Request, answer: bytes, plan: RelayPlan, attempt: Attempt | None = None
 ) -> Relayed:
     """A finished answer: as JSON, or as the SSE chunks of ``gateway.protocol.answers``."""
-    if attempt is not None:
-        attempt.finish(True)
     client = plan.client
-    headers = plan.headers
-    if plan.on_answer is not None:
-        headers = {**headers, **plan.on_answer(answer, attempt)}
+    status, body = 200, answer
+    if not plan.stream and client is not None:
+        status, body = client.render(200, answer)
+    if attempt is not None:
+        _untold(attempt, 200, status)
+        attempt.finish(status < 400)
+    headers = _answer_headers(plan, answer, attempt, status)
     if not plan.stream:
-        status, body = (200, answer) if client is None else client.render(200, answer)
         if client is not None:
             await client.ended()
         response = web.Response(
             status=status, body=body, content_type="application/json", headers=headers
         )
-        return Relayed(response, RelayResult(200, body=answer, live=False), attempt)
+        return Relayed(response, RelayResult(response.status, body=answer, live=False), attempt)
     resp = web.StreamResponse(
         headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -198,15 +206,34 @@ async def _relay_body(attempt: Attempt, plan: RelayPlan) -> tuple[web.Response, 
     """A non-streaming answer (or an upstream 4xx): read it whole, pass it on unchanged."""
     upstream = attempt.response
     body = await read_whole(attempt, plan.deadline, plan.max_response_bytes)
-    headers = plan.headers
-    if plan.on_answer is not None and upstream.status < 400:
-        headers = {**headers, **plan.on_answer(body, attempt)}
     status, out = upstream.status, body
     if plan.client is not None:
         status, out = plan.client.render(status, body)
+        _untold(attempt, upstream.status, status)
         await plan.client.ended()
+    headers = plan.headers
+    if upstream.status < 400:
+        headers = _answer_headers(plan, body, attempt, status)
     resp = web.Response(status=status, body=out, headers=response_headers(upstream, headers))
-    return resp, RelayResult(upstream.status, body=body)
+    return resp, RelayResult(resp.status, body=body)
+
+
+def _untold(attempt: Attempt, upstream: int, sent: int) -> None:
+    """An answer the client's API could not tell (``ClientDialect.render`` made a 502 of it)
+    is the replica's failure, as an answer that does not parse is."""
+    if sent >= 500 > upstream:
+        attempt.fail("bad_answer", "an answer the client's API cannot tell")
+
+
+def _answer_headers(
+    plan: RelayPlan, answer: bytes, attempt: Attempt | None, sent: int
+) -> dict[str, str]:
+    """The headers of a whole answer: its usage is read for the limits whatever was sent (the
+    upstream generated it), its cost is said only on an answer the client got."""
+    if plan.on_answer is None:
+        return plan.headers
+    extra = plan.on_answer(answer, attempt)
+    return {**plan.headers, **extra} if sent < 400 else plan.headers
 
 
 async def read_whole(attempt: Attempt, deadline: float | None, max_bytes: int) -> bytes:
@@ -373,13 +400,13 @@ async def _relay_stream(
                 raise  # the upstream went silent (idle_s), not a deadline
             if ours:
                 result.deadline_hit = True
-                await out.stop(plan.chat)
+                told = plan.client is not None or plan.include_usage
+                estimate = plan.estimate() if told and plan.estimate is not None else None
+                await out.stop(plan.chat, estimate)
                 return resp, result
             result.status = 504
-            await out.error(
-                "the answer ran past the backend's timeouts.total_s", "timeout_error", 504,
-                "total_timeout",
-            )  # fmt: skip
+            message = "the answer ran past the backend's timeouts.total_s"
+            await out.error(UpstreamTimeout(message, code="total_timeout"))
             return resp, result
         finished = True
         if keep is not None and (rest := keep.flush()):
@@ -390,26 +417,24 @@ async def _relay_stream(
         elif not out.complete:
             result.status = 502
             attempt.fail("answer_broken", "a stream that ended early")
-            await out.error(f"the upstream stream ended before {out.end_name}")
+            await out.error(UpstreamError(f"the upstream stream ended before {out.end_name}"))
     except EventTooLong as exc:  # an event that never ends: memory held, nothing for the client
         result.status = 502
         attempt.fail("bad_answer", "an SSE event that never ended")
-        await out.error(f"the upstream stream sent {exc}")
+        await out.error(UpstreamError(f"the upstream stream sent {exc}"))
     except UpstreamStreamError as exc:  # the upstream said why (e.g. Anthropic's error event)
         result.status = 502
         attempt.fail("stream_error", "an error in the stream")
-        await out.error(str(exc))
+        await out.error(UpstreamError(str(exc)))
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
         result.status = 502
         attempt.fail("answer_broken", "the connection broke during the stream")
-        await out.error("the upstream connection broke during the stream")
+        await out.error(UpstreamError("the upstream connection broke during the stream"))
     except TimeoutError:
         result.status = 504
         attempt.fail("idle_timeout", "the stream stopped coming (idle_s)")
-        await out.error(
-            "the upstream stopped sending (the backend's timeouts.idle_s)", "timeout_error", 504,
-            "idle_timeout",
-        )  # fmt: skip
+        message = "the upstream stopped sending (the backend's timeouts.idle_s)"
+        await out.error(UpstreamTimeout(message, code="idle_timeout"))
     except ConnectionResetError:
         result.status = 499  # the client went away mid-write
         return resp, result
@@ -418,17 +443,18 @@ async def _relay_stream(
             if (task := asyncio.current_task()) is not None:
                 task.uncancel()
             result.status = 503  # not the replica's failure: nothing is counted against it
-            await out.error(
-                "the gateway is shutting down: the answer was cut short", "service_unavailable",
-                503, "shutting_down",
-            )  # fmt: skip
-        if not out.complete:
+            message = "the gateway is shutting down: the answer was cut short"
+            await out.error(Unavailable(message, code="shutting_down"))
+            # Ended like any other error (a 503 the gateway ended, not a client that left).
+        elif not out.complete:
             raise  # the client went away before the end
-        # Every byte up to the end was handed over and the client closed, as clients may, while
-        # the upstream's end of body was awaited: a complete answer, so the cancel is absorbed.
-        if (task := asyncio.current_task()) is not None:
-            task.uncancel()
-        return resp, result
+        else:
+            # Every byte up to the end was handed over and the client closed, as clients may,
+            # while the upstream's end of body was awaited: a complete answer, the cancel
+            # absorbed.
+            if (task := asyncio.current_task()) is not None:
+                task.uncancel()
+            return resp, result
     finally:
         # Anything but a clean end (an error, a deadline, the client leaving, a cancelled
         # handler) closes the upstream connection, so the replica aborts the request.

@@ -28,7 +28,7 @@ def judge(
     gate, settings = SemanticGate(verifier), SemanticCacheConfig()
     va, vb = model.embed_sync([stored, asked])
     cosine = float(np.dot(va, vb))
-    assessed = verifier.assess([stored], [asked], [cosine])
+    assessed = verifier.assess([stored], [asked], [cosine], gate.threshold(settings, "ns"))
     bar = (gate.statement_threshold if assessed.statement[0] else gate.threshold)(settings, "ns")
     verdict = gate.choose(asked, [Candidate(stored, stored, cosine)], settings, "ns")
     return Judged(cosine, cosine >= gate.floor(settings), bool(assessed.score[0] >= bar), verdict)

@@ -11,9 +11,11 @@ from cache.language import language, same_language
 from cache.verifier import Verifier
 from tests.cache.near_misses import judge
 
+# (stored, asked, whether the verifier alone serves it): "Francia" is a name, not a typo of
+# "France" (cache.diff), so the verifier misses the second; the check refuses both anyway.
 NEAR_MISSES = [
-    ("What is the capital of France?", "Quelle est la capitale de la France?"),
-    ("What is the capital of France?", "\u00bfCu\u00e1l es la capital de Francia?"),
+    ("What is the capital of France?", "Quelle est la capitale de la France?", True),
+    ("What is the capital of France?", "\u00bfCu\u00e1l es la capital de Francia?", False),
 ]
 
 
@@ -22,13 +24,14 @@ def verifier() -> Verifier:
     return Verifier.load()
 
 
-@pytest.mark.parametrize(("stored", "asked"), NEAR_MISSES)
+@pytest.mark.parametrize(("stored", "asked", "served"), NEAR_MISSES)
 def test_the_same_question_in_another_language_is_refused(
-    minilm: SentenceTransformerEmbedder, verifier: Verifier, stored: str, asked: str
+    minilm: SentenceTransformerEmbedder, verifier: Verifier, stored: str, asked: str, served: bool
 ) -> None:
     judged = judge(minilm, verifier, stored, asked)
-    assert judged.above_floor and judged.served_by_verifier
-    assert not judged.verdict.accepted and judged.verdict.refused_by == "language"
+    assert judged.above_floor and judged.served_by_verifier == served
+    assert not judged.verdict.accepted and refusal(stored, asked) == "language"
+    assert judged.verdict.refused_by == ("language" if served else None)
 
 
 def test_scripts_and_languages() -> None:

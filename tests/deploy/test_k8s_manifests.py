@@ -8,10 +8,13 @@ import asyncio
 import os
 import socket
 import sys
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 
 from tests.conftest import FakeFactory
@@ -102,3 +105,47 @@ async def test_the_sidecar_reloads_a_gateway_listening_beyond_loopback(
             if proc is not None and proc.returncode is None:
                 proc.terminate()
                 await proc.wait()
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_the_sidecar_applies_a_file_only_once_two_polls_read_it_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ConfigMap is swapped in by a rename, but a file edited in place can be read half
+    written: the sidecar reloads only what two polls in a row read the same."""
+    (deployment,) = _manifest("gateway-deployment.yaml")
+    script = deployment["spec"]["template"]["spec"]["containers"][1]["command"][2]
+    path = tmp_path / "policy.yaml"
+    path.write_text("version: 1\n")
+    # What the file holds at each poll: half written, then complete, then left alone.
+    polls = iter(["version: 1\nbackends:\n  po", "version: 1\nbackends: {}\n", None, None])
+    applied: list[str] = []
+
+    def sleep(_: float) -> None:
+        step = next(polls, _Stop)
+        if step is _Stop:
+            raise _Stop
+        if isinstance(step, str):
+            path.write_text(step)
+
+    class Answer:
+        def __enter__(self) -> Answer:
+            applied.append(path.read_text())
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            pass
+
+        def read(self) -> bytes:
+            return b"{}"
+
+    monkeypatch.setenv("POLICY_FILE", str(path))
+    monkeypatch.setenv("ADMIN_TOKEN", TOKEN)
+    monkeypatch.setattr(time, "sleep", sleep)
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *_, **__: Answer())
+    with pytest.raises(_Stop):
+        exec(script, {"__name__": "sidecar"})
+    assert applied == ["version: 1\nbackends: {}\n"]

@@ -5,12 +5,14 @@ Every request is validated the way the real API would refuse it (the key and ver
 ``tool_result`` blocks that answer the ``tool_use`` blocks of the turn before, known fields
 only); a request that breaks a rule is answered 400 ``invalid_request_error`` and recorded in
 ``problems``, so a test fails loudly. Answers, streamed or not, come in Anthropic's format; a
-script of per-request actions (``"tool_use"``, ``"status:529"``, ``"midstream_error"``...) picks
-the unusual ones. A ``tool_choice`` naming a tool is answered with a call of that tool whose
+script of per-request actions (``"tool_use"``, ``"tool_use_no_input"``, ``"status:529"``,
+``"midstream_error"``, ``"error_first"``, ``"html_200"``, ``"ignore_stream"``...) picks the
+unusual ones. A ``tool_choice`` naming a tool is answered with a call of that tool whose
 ``input`` follows its ``input_schema`` (what structured output through a forced tool needs);
 ``thinking`` adds a signed thinking block before the answer (and is refused, as the real API
-refuses it, with a forced tool choice, a temperature, or a budget under 1,024 or not under
-``max_tokens``). ``POST /v1/messages/count_tokens`` counts words (3 per message more).
+refuses it, with a forced tool choice, a temperature, a budget under 1,024 or not under
+``max_tokens``, or a request continuing a tool loop whose first assistant turn does not start
+with its thinking block); a thinking block sent back must carry the signature the fake gave it. ``POST /v1/messages/count_tokens`` counts words (3 per message more).
 Streamed events are written in two pieces cut inside the event, so the gateway meets events
 that straddle reads.
 """
@@ -65,9 +67,11 @@ class Seen:
 class FakeAnthropic:
     reply: str = "Hello from the fake Claude."
     pieces: int = 4  # text deltas a streamed reply is cut into
+    event_interval_ms: float = 0  # a pause before each streamed event (a model's decode speed)
     script: deque[str] = field(default_factory=deque)
     requests: list[Seen] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    signed: dict[str, str] = field(default_factory=dict)  # signature -> the thinking it signs
 
     def queue(self, *actions: str) -> None:
         self.script.extend(actions)
@@ -109,7 +113,7 @@ class FakeAnthropic:
         if request.headers.get("x-api-key") != API_KEY:
             return _error(401, "invalid x-api-key")
         try:
-            problem = _check_headers(request) or _check_body(body)
+            problem = _check_headers(request) or _check_body(body) or self._check_signatures(body)
         except _UNREADABLE as exc:  # as the real API: a 400
             problem = f"malformed request body ({type(exc).__name__})"
         if problem is not None:
@@ -118,10 +122,25 @@ class FakeAnthropic:
         if action.startswith("status:"):
             status = int(action.split(":")[1])
             return _error(status, f"fake {status}")
+        if action == "html_200":  # a proxy's page in the way
+            return web.Response(
+                text="<html>upstream connect error</html>", content_type="text/html"
+            )
         message = self._answer(body, action)
-        if body.get("stream"):
+        if body.get("stream") and action != "ignore_stream":
             return await self._stream(request, message, action)
         return web.json_response(message)
+
+    def _check_signatures(self, body: dict[str, Any]) -> str | None:
+        """A thinking block sent back must be one this API signed, unchanged."""
+        for i, message in enumerate(body["messages"]):
+            content = message["content"]
+            for block in content if isinstance(content, list) else ():
+                if block.get("type") != "thinking":
+                    continue
+                if self.signed.get(block.get("signature")) != block.get("thinking"):
+                    return f"messages.{i}: Invalid `signature` in `thinking` block"
+        return None
 
     def _problem(self, problem: str) -> web.Response:
         self.problems.append(problem)
@@ -143,14 +162,15 @@ class FakeAnthropic:
                 }
             ]
             stop = "tool_use"
-        elif action == "tool_use" and body.get("tools"):
+        elif action in ("tool_use", "tool_use_no_input") and body.get("tools"):
+            given = {"city": "Paris", "unit": "celsius"} if action == "tool_use" else {}
             content = [
                 {"type": "text", "text": "Let me check."},
                 {
                     "type": "tool_use",
                     "id": "toolu_01",
                     "name": body["tools"][0]["name"],
-                    "input": {"city": "Paris", "unit": "celsius"},
+                    "input": given,
                 },
             ]
             stop = "tool_use"
@@ -161,7 +181,9 @@ class FakeAnthropic:
         if action == "max_tokens":
             stop = "max_tokens"
         if (body.get("thinking") or {}).get("type") == "enabled":
-            thought = {"type": "thinking", "thinking": "Let me think.", "signature": "sig-fake"}
+            signature = f"sig-fake-{len(self.requests)}"
+            self.signed[signature] = "Let me think."
+            thought = {"type": "thinking", "thinking": "Let me think.", "signature": signature}
             content = [thought, *content]
         return {
             "id": f"msg_fake{len(self.requests):03d}",
@@ -186,10 +208,14 @@ class FakeAnthropic:
             events.extend(_block_events(index, block, self.pieces))
             if index == 0:
                 events.append({"type": "ping"})
+        overloaded = {
+            "type": "error",
+            "error": {"type": "overloaded_error", "message": "Overloaded"},
+        }
         if action == "midstream_error":
-            events = events[:4]
-            error = {"type": "overloaded_error", "message": "Overloaded"}
-            events.append({"type": "error", "error": error})
+            events = [*events[:4], overloaded]
+        elif action == "error_first":  # as Anthropic under load: a 200, then the error
+            events = [{"type": "ping"}, overloaded]
         else:
             events.append(
                 {
@@ -200,6 +226,8 @@ class FakeAnthropic:
             )
             events.append({"type": "message_stop"})
         for event in events:
+            if self.event_interval_ms:
+                await asyncio.sleep(self.event_interval_ms / 1000)
             data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
             cut = len(data) // 3
             await resp.write(data[:cut])
@@ -249,12 +277,15 @@ def _block_events(index: int, block: dict[str, Any], pieces: int) -> list[dict[s
         ]
         opening: dict[str, Any] = {"type": "text", "text": ""}
     else:
-        args = json.dumps(block["input"])
+        args = json.dumps(block["input"]) if block["input"] else ""  # no input: one empty delta
         half = len(args) // 2
         deltas = [
             {"type": "input_json_delta", "partial_json": ""},
-            {"type": "input_json_delta", "partial_json": args[:half]},
-            {"type": "input_json_delta", "partial_json": args[half:]},
+            *(
+                {"type": "input_json_delta", "partial_json": part}
+                for part in (args[:half], args[half:])
+                if part
+            ),
         ]
         opening = {**block, "input": {}}
     return [
@@ -331,8 +362,10 @@ def _check_body(body: Any) -> str | None:
         t["name"] for t in body.get("tools", [])
     }:
         return "tool_choice: names no tool"
-    problem = _check_thinking(body)
-    return problem or _check_messages(body.get("messages"))
+    problem = _check_thinking(body) or _check_messages(body.get("messages"))
+    if problem is None and (body.get("thinking") or {}).get("type") == "enabled":
+        problem = _check_thinking_turn(body["messages"])
+    return problem
 
 
 def _check_thinking(body: dict[str, Any]) -> str | None:
@@ -349,6 +382,36 @@ def _check_thinking(body: dict[str, Any]) -> str | None:
     if body.get("temperature") is not None:
         return "temperature may only be set when thinking is disabled"
     return None
+
+
+def _check_thinking_turn(messages: list[dict[str, Any]]) -> str | None:
+    """Anthropic's rule for thinking with tools: a request that continues a tool loop (its last
+    user turn holds tool results) must send back the thinking block the loop's first assistant
+    turn (the first after the user's own last turn) began with."""
+
+    def blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+        content = message["content"]
+        return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+    def has_results(message: dict[str, Any]) -> bool:
+        return any(b.get("type") == "tool_result" for b in blocks(message))
+
+    if messages[-1]["role"] != "user" or not has_results(messages[-1]):
+        return None
+    first = None
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i]["role"] == "user" and not has_results(messages[i]):
+            break
+        if messages[i]["role"] == "assistant":
+            first = i
+    found = None if first is None else blocks(messages[first])[0].get("type")
+    if found is None or found in ("thinking", "redacted_thinking"):
+        return None
+    return (
+        f"messages.{first}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
+        f"`{found}`. When `thinking` is enabled, a final `assistant` message must start with a "
+        "thinking block (preceeding the lastmost set of `tool_use` and `tool_result` blocks)."
+    )
 
 
 def _check_messages(messages: Any) -> str | None:

@@ -15,6 +15,10 @@ from tests.conftest import RunningGateway, build_policy, vllm
 KEYS = {"team-a": "sk-team-a-0001", "team-b": "sk-team-b-0002"}
 # 5 prompt and 6 completion tokens (the fake's usage): 5 x 1000 + 6 x 2000 per Mtok = 0.017 USD
 PRICE = {"input_per_mtok": 1000, "output_per_mtok": 2000, "cached_input_per_mtok": 250}
+# What a budget holds for a request of MESSAGES with max_tokens 6 at PRICE until it settles:
+# its prompt estimate (7 tokens) and 6 output tokens, 7 x 1000 + 6 x 2000 per Mtok. Without
+# max_tokens it would hold 256 expected output tokens (over 0.5 USD).
+HELD = 0.019
 CHEAP = {"input_per_mtok": 10, "output_per_mtok": 20}
 MESSAGES: Any = [{"role": "user", "content": "Say hello."}]
 
@@ -61,12 +65,12 @@ def limits_policy(
 
 
 def downgrade_policy(big_url: str, small_url: str, surfaces: dict[str, Any] | None = None) -> str:
-    """Team A's budget (0.01 USD) spent after one answer of "m" (backend "big"), which is then
-    served by "lite" (backend "small", cheaper)."""
+    """Team A's budget (0.02 USD) covers one answer of "m" (backend "big") with max_tokens 6
+    (``HELD``); after it (0.017) "m" is served by "lite" (backend "small", cheaper)."""
     backends = {"big": {"kind": "openai", "base_url": big_url},
                 "small": {"kind": "openai", "base_url": small_url}}  # fmt: skip
     models = {"m": {"backend": "big", "price": PRICE}, "lite": {"backend": "small", "price": CHEAP}}
-    budget = {"usd": 0.01, "on_exhausted": "downgrade", "downgrade_to": "lite"}
+    budget = {"usd": 0.02, "on_exhausted": "downgrade", "downgrade_to": "lite"}
     return limits_policy(
         big_url, None, {"budget": budget}, models=models, backends=backends, surfaces=surfaces
     )

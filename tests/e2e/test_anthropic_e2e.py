@@ -12,10 +12,12 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import FakeFactory, GatewayFactory
+from tests.conftest import FakeFactory, GatewayFactory, RunningGateway
 from tests.e2e.anthropic_fake import API_KEY
-from tests.e2e.conftest import KEY_ENV, AnthropicFactory
+from tests.e2e.conftest import KEY_ENV, AnthropicFactory, RunningAnthropic
+from tests.e2e.limits_helpers import metric, settled
 
 MESSAGES: Any = [
     {"role": "system", "content": "You are terse."},
@@ -191,6 +193,29 @@ async def test_streamed_tool_call_is_assembled_by_the_client(
     assert json.loads(arguments) == {"city": "Paris", "unit": "celsius"}
 
 
+async def test_a_streamed_tool_call_without_input_has_json_arguments(
+    make_anthropic: AnthropicFactory, make_gateway: GatewayFactory
+) -> None:
+    """Anthropic streams a call of a tool without parameters as ``input: {}`` and one empty
+    ``partial_json``: the client still gets ``{}``, as in the whole answer."""
+    up = await make_anthropic()
+    gw = await make_gateway(anthropic_policy(up.url))
+    clock: Any = [{"type": "function", "function": {"name": "now", "parameters": {}}}]
+    question: Any = [{"role": "user", "content": "What time is it?"}]
+    up.fake.queue("tool_use_no_input", "tool_use_no_input")
+    whole = await gw.client.chat.completions.create(model="c", messages=question, tools=clock)
+    calls = whole.choices[0].message.tool_calls
+    assert calls is not None and calls[0].type == "function"
+    assert calls[0].function.arguments == "{}"
+    async with gw.client.chat.completions.stream(
+        model="c", messages=question, tools=clock
+    ) as stream:
+        final = await stream.get_final_completion()
+    streamed = final.choices[0].message.tool_calls
+    assert streamed is not None and streamed[0].function.name == "now"
+    assert streamed[0].function.arguments == "{}"
+
+
 @pytest.mark.parametrize(
     ("status", "error_class", "type_"),
     [
@@ -222,10 +247,10 @@ async def test_upstream_4xx_keeps_its_status_in_openai_shape(
     assert len(up.fake.requests) == 2  # a 4xx is the client's: never retried
 
 
-@pytest.mark.parametrize("status", [529, 500])
-async def test_5xx_falls_back_to_a_second_anthropic_backend(
-    make_anthropic: AnthropicFactory, make_gateway: GatewayFactory, status: int
-) -> None:
+async def claude_with_fallback(
+    make_anthropic: AnthropicFactory, make_gateway: GatewayFactory
+) -> tuple[RunningAnthropic, RunningAnthropic, RunningGateway]:
+    """Model ``c`` on one fake Anthropic backend, falling back to a second (``claude2``)."""
     first = await make_anthropic()
     second = await make_anthropic(reply="from the second")
     more = f"""  claude2:
@@ -233,12 +258,67 @@ async def test_5xx_falls_back_to_a_second_anthropic_backend(
     base_url: "{second.url}"
     api_key_env: {KEY_ENV}"""
     gw = await make_gateway(anthropic_policy(first.url, more, fallbacks="[claude2]"))
+    return first, second, gw
+
+
+@pytest.mark.parametrize("status", [529, 500])
+async def test_5xx_falls_back_to_a_second_anthropic_backend(
+    make_anthropic: AnthropicFactory, make_gateway: GatewayFactory, status: int
+) -> None:
+    first, second, gw = await claude_with_fallback(make_anthropic, make_gateway)
     first.fake.queue(f"status:{status}")
     raw = await gw.client.chat.completions.with_raw_response.create(model="c", messages=MESSAGES)
     assert raw.parse().choices[0].message.content == "from the second"
     assert raw.headers["x-gateway-replica"].startswith("claude2/")
     assert len(first.fake.requests) == 1 and len(second.fake.requests) == 1
     assert second.fake.requests[-1].body["model"] == "c"  # a bare fallback keeps the alias
+
+
+@pytest.mark.parametrize(
+    ("action", "outcome"), [("error_first", "http_5xx"), ("html_200", "bad_answer")]
+)
+async def test_a_200_stream_that_fails_before_its_message_falls_back(
+    make_anthropic: AnthropicFactory, make_gateway: GatewayFactory, action: str, outcome: str
+) -> None:
+    """An error event before message_start (Anthropic overloaded, after its 200: counted as
+    a 5xx) or a page that is no stream: nothing went to the client yet, so the next target
+    answers, as for a 529 status."""
+    first, second, gw = await claude_with_fallback(make_anthropic, make_gateway)
+    first.fake.queue(action)
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="c", messages=MESSAGES, stream=True
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in raw.parse() if c.choices])
+    assert text == "from the second"
+    assert raw.headers["x-gateway-replica"].startswith("claude2/")
+    assert len(first.fake.requests) == 1 and len(second.fake.requests) == 1
+    counted = {
+        (sample.labels["backend"], sample.labels["outcome"]): sample.value
+        for family in text_string_to_metric_families(gw.metrics.render().decode())
+        if family.name == "llm_gateway_upstream_attempts"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+    assert counted == {("claude", outcome): 1.0, ("claude2", "ok"): 1.0}
+
+
+async def test_a_whole_message_to_a_stream_request_is_streamed(
+    make_anthropic: AnthropicFactory, make_gateway: GatewayFactory
+) -> None:
+    """A server that ignores ``stream`` and answers one JSON message: the client gets the
+    stream it asked for, as from any backend."""
+    up = await make_anthropic()
+    gw = await make_gateway(anthropic_policy(up.url))
+    up.fake.queue("ignore_stream")
+    stream = await gw.client.chat.completions.create(
+        model="c", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Hello from the fake Claude."
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    usage = chunks[-1].usage
+    assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (13, 7)
 
 
 async def test_fallbacks_between_vllm_and_anthropic_both_ways(
@@ -280,6 +360,11 @@ async def test_error_event_mid_stream_is_the_final_sse_error(
             seen.append(chunk.choices[0].delta.content)
     assert seen[0] == "" and "".join(s or "" for s in seen)  # the text before the error came
     assert "Overloaded" in info.value.message
+    # Metered on what Anthropic counted (message_start: 11, + 2 read from its cache), not on
+    # the gateway's estimate of the prompt.
+    await settled(gw)
+    assert await metric([gw], "llm_gateway_tokens_total", kind="input") == 13
+    assert await metric([gw], "llm_gateway_tokens_total", kind="cached_input") == 2
 
 
 async def test_what_anthropic_cannot_do_is_400_before_any_upstream_call(

@@ -59,19 +59,52 @@ async def test_reasoning_effort_is_thinking_and_comes_back_as_reasoning(
     up = await make_anthropic()
     gw = await make_gateway(anthropic_policy(up.url))
     reply = await gw.client.chat.completions.create(
-        model="c", messages=QUESTION, reasoning_effort="low", max_completion_tokens=100
+        model="c", messages=QUESTION, reasoning_effort="low"
     )
     sent = up.fake.requests[-1].body
     assert sent["thinking"] == {"type": "enabled", "budget_tokens": 2048}
-    assert sent["max_tokens"] == 100 + 2048
+    assert sent["max_tokens"] == 4096 + 2048  # the default room for the answer, + the budget
     message: Any = reply.choices[0].message
     assert message.content == "Hello from the fake Claude."
     assert message.reasoning_content == "Let me think."
     response = await gw.client.responses.create(
-        model="c", input="Hi", reasoning={"effort": "high"}, max_output_tokens=64
+        model="c", input="Hi", reasoning={"effort": "high"}, max_output_tokens=30000
     )
     assert [item.type for item in response.output] == ["reasoning", "message"]
     assert up.fake.requests[-1].body["thinking"]["budget_tokens"] == 24576
+    assert up.fake.requests[-1].body["max_tokens"] == 30000  # it covers reasoning, as OpenAI's
+
+
+async def test_thinking_fits_in_the_output_cap_and_the_clients_limit(
+    make_anthropic: AnthropicFactory, make_gateway: GatewayFactory
+) -> None:
+    """Anthropic counts thinking in max_tokens: the surface's output cap (cap_output) and the
+    client's max_completion_tokens bound thinking and answer together, never exceeded."""
+    up = await make_anthropic(event_interval_ms=20)
+    surfaces = """surfaces:
+  fast:
+    match: {header: fast}
+    budget: {total_ms: 300}
+    actions: {cap_output: true}"""
+    gw = await make_gateway(anthropic_policy(up.url, surfaces=surfaces))
+    fast = {"X-Surface": "fast"}
+    warm = await gw.client.chat.completions.create(
+        model="c", messages=QUESTION, stream=True, extra_headers=fast
+    )
+    async for _ in warm:
+        pass  # the backend's inter-token latency (~20 ms) is known from here on
+    await gw.client.chat.completions.create(
+        model="c", messages=QUESTION, reasoning_effort="high", extra_headers=fast
+    )
+    sent = up.fake.requests[-1].body
+    assert sent["max_tokens"] <= 16  # (300 ms - TTFT) / ~20 ms + 1: no room to think
+    assert "thinking" not in sent
+    await gw.client.chat.completions.create(
+        model="c", messages=QUESTION, reasoning_effort="high", max_completion_tokens=5000
+    )
+    sent = up.fake.requests[-1].body
+    assert sent["max_tokens"] == 5000
+    assert sent["thinking"] == {"type": "enabled", "budget_tokens": 5000 - 256}
 
 
 async def test_a_pdf_document(
@@ -90,3 +123,150 @@ async def test_a_pdf_document(
     block = up.fake.requests[-1].body["messages"][0]["content"][0]
     assert block["type"] == "document" and block["source"]["data"] == "JVBERi0xLjQK"
     assert json.dumps(block).count("application/pdf") == 1
+
+
+WEATHER: Any = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+ASK: Any = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def tool_result(call_id: str) -> Any:
+    return {"role": "tool", "tool_call_id": call_id, "content": "18C"}
+
+
+async def test_a_tool_loop_with_thinking_sends_the_signed_thinking_back(
+    make_anthropic: AnthropicFactory, make_gateway: GatewayFactory
+) -> None:
+    """Anthropic refuses to continue a tool loop with thinking unless the assistant turn starts
+    with the thinking block it signed: answers carry it in ``thinking_blocks`` (whole and
+    streamed), and an assistant message that has them gets them back in place."""
+    up = await make_anthropic()
+    gw = await make_gateway(anthropic_policy(up.url))
+    up.fake.queue("tool_use")
+    first = await gw.client.chat.completions.create(
+        model="c", messages=ASK, tools=WEATHER, reasoning_effort="low"
+    )
+    message: Any = first.choices[0].message
+    signed = {"type": "thinking", "thinking": "Let me think.", "signature": "sig-fake-1"}
+    assert message.reasoning_content == "Let me think."
+    assert message.thinking_blocks == [signed]
+    assert message.tool_calls is not None
+    echoed = message.model_dump(exclude_none=True)  # as an agent loop sends it back
+    second = await gw.client.chat.completions.create(
+        model="c",
+        messages=[*ASK, echoed, tool_result(message.tool_calls[0].id)],
+        tools=WEATHER,
+        reasoning_effort="low",
+    )
+    assert second.choices[0].message.content == "The tool said: 18C"
+    sent = up.fake.requests[-1].body
+    assert sent["thinking"]["type"] == "enabled"
+    assert sent["messages"][1]["content"][0] == signed
+    # Streamed: the block comes whole, with its signature, when it ends.
+    up.fake.queue("tool_use")
+    stream = await gw.client.chat.completions.create(
+        model="c", messages=ASK, tools=WEATHER, reasoning_effort="low", stream=True
+    )
+    blocks: list[Any] = []
+    calls: list[Any] = []
+    thought = ""
+    async for chunk in stream:
+        delta: Any = chunk.choices[0].delta
+        thought += (delta.model_extra or {}).get("reasoning_content") or ""
+        blocks += (delta.model_extra or {}).get("thinking_blocks") or []
+        calls += delta.tool_calls or []
+    assert thought == "Let me think."
+    assert blocks == [{**signed, "signature": "sig-fake-3"}]
+    call_id = calls[0].id
+    assistant: Any = {
+        "role": "assistant",
+        "content": "Let me check.",
+        "thinking_blocks": blocks,
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    }
+    stream = await gw.client.chat.completions.create(
+        model="c",
+        messages=[*ASK, assistant, tool_result(call_id)],
+        tools=WEATHER,
+        reasoning_effort="low",
+        stream=True,
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in stream])
+    assert text == "The tool said: 18C"
+    assert up.fake.problems == []
+
+
+async def test_a_tool_loop_without_its_thinking_block_goes_on_without_thinking(
+    make_anthropic: AnthropicFactory, make_gateway: GatewayFactory
+) -> None:
+    """A client that keeps no thinking_blocks (most do not): the turn that continues the loop
+    is sent without thinking, which Anthropic allows, rather than one it refuses."""
+    up = await make_anthropic()
+    gw = await make_gateway(anthropic_policy(up.url))
+    up.fake.queue("tool_use")
+    first = await gw.client.chat.completions.create(
+        model="c", messages=ASK, tools=WEATHER, reasoning_effort="low"
+    )
+    calls = first.choices[0].message.tool_calls
+    assert calls is not None
+    bare: Any = {
+        "role": "assistant",
+        "content": first.choices[0].message.content,
+        "tool_calls": [c.model_dump() for c in calls],
+    }
+    second = await gw.client.chat.completions.create(
+        model="c",
+        messages=[*ASK, bare, tool_result(calls[0].id)],
+        tools=WEATHER,
+        reasoning_effort="low",
+    )
+    assert second.choices[0].message.content == "The tool said: 18C"
+    assert "thinking" not in up.fake.requests[-1].body
+    # Once the loop ended in an answer, the user's next question is a new turn: thinking again.
+    answered: Any = [
+        *ASK,
+        bare,
+        tool_result(calls[0].id),
+        {"role": "assistant", "content": "18C in Paris."},
+        {"role": "user", "content": "And Rome?"},
+    ]
+    await gw.client.chat.completions.create(model="c", messages=answered, reasoning_effort="low")
+    assert up.fake.requests[-1].body["thinking"]["type"] == "enabled"
+
+
+async def test_a_stored_responses_tool_loop_with_reasoning_continues(
+    make_anthropic: AnthropicFactory, make_gateway: GatewayFactory
+) -> None:
+    """previous_response_id: the stored conversation keeps no signature, so the turn that sends
+    the tool's output goes without thinking rather than be refused."""
+    up = await make_anthropic()
+    gw = await make_gateway(anthropic_policy(up.url))
+    tools: Any = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    up.fake.queue("tool_use")
+    first = await gw.client.responses.create(
+        model="c", input="Weather?", tools=tools, reasoning={"effort": "low"}
+    )
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    output: Any = [{"type": "function_call_output", "call_id": call.call_id, "output": "18C"}]
+    second = await gw.client.responses.create(
+        model="c",
+        previous_response_id=first.id,
+        input=output,
+        tools=tools,
+        reasoning={"effort": "low"},
+    )
+    assert second.output_text == "The tool said: 18C"
+    assert up.fake.problems == []

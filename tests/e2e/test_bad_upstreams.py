@@ -227,3 +227,19 @@ async def test_an_undecodable_answer_ejects_the_model_of_an_external_api_not_the
         assert info.value.status_code == 503  # model a is out for its cooldown
     finally:
         await runner.cleanup()
+
+
+async def test_a_failing_replica_is_logged_once_per_period_not_per_request(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A replica failing every request under load wrote one WARNING per request: the log at
+    # 3 a.m. was that line and nothing else. One line per replica and outcome every 10 s.
+    up = await make_fake()
+    gw = await make_gateway(one_backend(up.url))
+    for _ in range(8):
+        up.fake.queue("status:500")
+        up.fake.queue("status:500")  # the retry meets the same replica (the only one)
+        with pytest.raises(openai.APIStatusError):
+            await gw.client.chat.completions.create(model="m", messages=MESSAGES)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attempt on")]
+    assert len(lines) == 1, lines

@@ -148,11 +148,27 @@ async def test_deadline_ends_a_stream_with_finish_reason_length(
     assert chunks[-1].choices[0].finish_reason == "length"
     assert 5 < len(chunks) < 100
     assert elapsed < 1.0
+    # The stop chunk is the stream's own (its id and model), and a client that asked for
+    # usage gets the usage the gateway charges (it had no usage chunk at all).
+    assert {c.id for c in chunks} == {chunks[0].id} and chunks[-1].model == chunks[0].model
+    assert all(c.usage is None for c in chunks)
+    stream = await gw.client.chat.completions.create(
+        model="m",
+        messages=MESSAGES,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"X-Surface": "chat"},
+    )
+    chunks = [c async for c in stream]
+    assert chunks[-2].choices[0].finish_reason == "length"
+    usage = chunks[-1].usage
+    assert usage is not None and chunks[-1].choices == []
+    assert usage.prompt_tokens > 0 and 0 < usage.completion_tokens < 100
     for _ in range(100):
         if up.fake.active == 0:
             break
         await asyncio.sleep(0.01)
-    assert up.fake.disconnected == 1
+    assert up.fake.disconnected == 2
 
 
 async def test_deadline_before_first_byte_is_504(

@@ -11,6 +11,7 @@ import pytest
 
 from tests.cache.conftest import RedisServer
 from tests.cache.test_operators import DIFFERENT
+from tests.cache.test_wording import NEAR_NAMES, STATEMENT_ONE_WORD, STATEMENT_SWAPS_AND_NUMBERS
 from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, pool_policy
 
 QUESTION: Any = [{"role": "user", "content": "What is the boiling point of water at sea level?"}]
@@ -230,6 +231,28 @@ async def test_no_semantic_hit_across_an_operator_or_a_sign(
     _, kind = await ask(gw, messages=[{"role": "user", "content": "How can I reset my password?"}])
     assert kind == "semantic"
     assert len(up.fake.requests) == 2 * len(SYMBOL_NEAR_MISSES) + 1
+
+
+# The wording probe's pairs, one per class, each a semantic hit before: two names a letter
+# apart, a statement's swap, a statement's one-word substitution (tests.cache.test_wording).
+WORDING_NEAR_MISSES = [NEAR_NAMES[0], STATEMENT_SWAPS_AND_NUMBERS[0], STATEMENT_ONE_WORD[4]]
+
+
+async def test_no_semantic_hit_across_a_name_a_swap_or_a_word_in_a_statement(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(policy(up.url, {"exact": True, "semantic": {"audit_fraction": 0}}))
+    for stored, asked in WORDING_NEAR_MISSES:
+        await ask(gw, messages=[{"role": "user", "content": stored}])
+        _, kind = await ask(gw, messages=[{"role": "user", "content": asked}])
+        assert kind == "miss", (stored, asked)
+    # A typo of a dictionary word is still one.
+    _, kind = await ask(
+        gw, messages=[{"role": "user", "content": "What does np.argmax retrun for a 2D array?"}]
+    )
+    assert kind == "semantic"
+    assert len(up.fake.requests) == 2 * len(WORDING_NEAR_MISSES)
 
 
 async def test_semantic_hits_through_the_messages_and_responses_apis(

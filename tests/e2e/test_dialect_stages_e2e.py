@@ -66,6 +66,8 @@ async def test_the_deadline_ends_a_responses_stream_as_incomplete(
     assert last.response.incomplete_details is not None
     assert last.response.incomplete_details.reason == "max_output_tokens"
     assert 0 < len(last.response.output_text.split()) < 100
+    usage = last.response.usage  # what the gateway charges, not zero
+    assert usage is not None and usage.input_tokens > 0 and usage.output_tokens > 0
 
 
 async def test_the_deadline_ends_a_messages_stream_at_max_tokens(
@@ -79,6 +81,7 @@ async def test_the_deadline_ends_a_messages_stream_at_max_tokens(
         final = await stream.get_final_message()
     assert final.stop_reason == "max_tokens"
     assert final.content and final.content[0].type == "text"
+    assert final.usage.output_tokens > 0  # what the gateway charges, not zero
 
 
 async def test_a_stream_broken_midway_fails_in_each_dialect(

@@ -72,8 +72,13 @@ async def status_of(gw: RunningGateway, model: str = "m") -> int:
         return resp.status
 
 
+# The first ejection's length; the next one after a failed trial is twice as long. Long enough
+# that a slow machine's few requests inside one ejection never outlast it.
+COOLDOWN_S = 1.0
+
+
 def passive_pool(*urls: str, **timeouts: Any) -> str:
-    backend = vllm(*urls, health={"active": False, "eject_after": 2, "cooldown_s": 0.4})
+    backend = vllm(*urls, health={"active": False, "eject_after": 2, "cooldown_s": COOLDOWN_S})
     if timeouts:
         backend["timeouts"] = timeouts
     return build_policy({"up": backend}, {"m": {"backend": "up", "model": "x"}})
@@ -91,15 +96,18 @@ async def test_a_failed_trial_ejects_the_replica_again_at_once(
         assert await status_of(gw) == 200
     [replica] = [r for r in gw.runtime.pools["up"].replicas if r.base_url == bad]
     assert not replica.healthy
-    await asyncio.sleep(0.45)  # past the cooldown: one trial, which fails
+    await asyncio.sleep(COOLDOWN_S + 0.05)  # past the cooldown: one trial, which fails
+    loop = asyncio.get_running_loop()
+    trial = loop.time()
     statuses = [await status_of(gw) for _ in range(8)]
     assert statuses == [200] * 8
     # Before: after the first cooldown the bad replica took every other request for ever.
     assert counted.hits["bad"] == 3
-    await asyncio.sleep(0.45)  # the second ejection is twice as long (0.8 s)
+    # The second ejection is twice as long: still out a first cooldown after the trial.
+    await asyncio.sleep(max(0.0, trial + 1.3 * COOLDOWN_S - loop.time()))
     assert [await status_of(gw) for _ in range(4)] == [200] * 4
     assert counted.hits["bad"] == 3
-    await asyncio.sleep(0.4)
+    await asyncio.sleep(max(0.0, trial + 2.05 * COOLDOWN_S - loop.time()))
     counted.handlers["bad"] = answer  # it recovered: the next trial brings it back
     while counted.hits["bad"] == 3:
         assert await status_of(gw) == 200
@@ -118,7 +126,7 @@ async def test_a_silent_replica_costs_one_time_out_per_cooldown(
     while counted.hits["silent"] < 2:
         statuses.append(await status_of(gw))
     assert statuses.count(504) == 2  # time-outs are not retried
-    await asyncio.sleep(0.45)
+    await asyncio.sleep(COOLDOWN_S + 0.05)
     # Half-open: requests at once, only one of them is the trial (the rest go to the good one).
     statuses = list(await asyncio.gather(*(status_of(gw) for _ in range(6))))
     assert counted.hits["silent"] == 3
@@ -135,7 +143,7 @@ async def test_a_failed_trial_ejects_a_model_of_an_external_api_again(
     backend = {
         "kind": "openai",
         "base_url": up.url,
-        "health": {"active": False, "eject_after": 2, "cooldown_s": 0.4},
+        "health": {"active": False, "eject_after": 2, "cooldown_s": COOLDOWN_S},
     }
     models = {
         "a": {"backend": "ext", "model": "fake-model"},
@@ -148,7 +156,7 @@ async def test_a_failed_trial_ejects_a_model_of_an_external_api_again(
     assert await status_of(gw, "b") == 200
     up.fake.queue("status:500")
     sent = len(up.fake.requests)
-    await asyncio.sleep(0.45)
+    await asyncio.sleep(COOLDOWN_S + 0.05)
     assert await status_of(gw, "a") == 502  # the trial fails
     # Before: the pair stayed admitted after its first cooldown: every request went upstream.
     assert [await status_of(gw, "a") for _ in range(3)] == [503] * 3

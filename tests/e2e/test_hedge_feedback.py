@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tests.conftest import FakeFactory, GatewayFactory, pool_policy
+import pytest
+
+from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy, vllm
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
+MODELS = {"m": {"backend": "up", "model": "fake-model"}}
 SURFACE = """
   chat:
     match: {header: chat}
@@ -66,3 +69,25 @@ async def test_the_hedge_avoids_a_replica_predicted_slow(
             assert raw.headers["x-gateway-replica"] == f"up/{names[fast.url]}"
             assert time.perf_counter() - t0 < 1.0
     assert len(fast.fake.requests) == 3  # once as the primary, twice as the hedge
+
+
+@pytest.mark.parametrize("strategy", ["round_robin", "least_loaded"])
+async def test_a_hedge_does_not_steer_the_next_primary_onto_the_slow_replica(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, strategy: str
+) -> None:
+    """The hedge's replica is not asked of the router: asking moved its turn, so with two
+    replicas every primary landed on the slow one and every request was hedged."""
+    slow = await make_fake(latency_ms=400, chunks=2)
+    fast = await make_fake(chunks=2)
+    surface = SURFACE.replace("delay_ms: 100", "delay_ms: 50")
+    backend = vllm(slow.url, fast.url, routing={"strategy": strategy})
+    gw = await make_gateway(build_policy({"up": backend}, MODELS, "surfaces:\n" + surface))
+    hedged = 0
+    for _ in range(6):
+        raw = await gw.client.chat.completions.with_raw_response.create(
+            model="m", messages=MESSAGES, stream=True, extra_headers={"X-Surface": "chat"}
+        )
+        _ = [c async for c in raw.parse()]
+        hedged += raw.headers.get("x-gateway-hedge") is not None
+    assert hedged == 3  # primaries take turns: only those on the slow replica are hedged
+    assert len(slow.fake.requests) == 3

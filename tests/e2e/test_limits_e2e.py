@@ -9,13 +9,24 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
+import anthropic
 import openai
 import pytest
 
 from tests.cache.conftest import RedisServer
-from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, closed_port_url
+from tests.conftest import (
+    FakeFactory,
+    GatewayFactory,
+    RunningGateway,
+    build_policy,
+    closed_port_url,
+    vllm,
+)
+from tests.e2e.conftest import KEY_ENV, AnthropicFactory
 from tests.e2e.limits_helpers import (
     CHEAP,
+    KEYS,
+    MESSAGES,
     PRICE,
     chat,
     client,
@@ -24,6 +35,8 @@ from tests.e2e.limits_helpers import (
     metric,
     settled,
     spread,
+    tenants,
+    usage_report,
 )
 from tests.gateway.limits.conftest import Clock
 
@@ -211,28 +224,73 @@ async def test_spent_budget_refuses_with_insufficient_quota_across_instances(
     clients: Clients,
 ) -> None:
     fake = await make_fake()
-    budget = {"usd": 0.05, "window": "day", "alert_at": [0.5, 0.9]}
+    budget = {"usd": 0.05, "window": "day", "alert_at": [0.3, 0.6]}
     policy = limits_policy(fake.url, redis_server.url, {"budget": budget})
     gateways = await three(make_gateway, policy, Clock())
     costs = []
-    for i in range(3):  # 0.017 each: 0.051 after the third
-        status, headers, _ = await chat(clients(gateways[i]))
+    for i in range(2):  # 0.017 each (each held HELD = 0.019 until it settled)
+        status, headers, _ = await chat(clients(gateways[i]), max_tokens=6)
         assert status == 200
         costs.append(headers["x-gateway-cost-usd"])
         await settled(*gateways)
-    assert costs == ["0.017"] * 3
-    for gw in gateways:
-        status, headers, body = await chat(clients(gw))
+    assert costs == ["0.017"] * 2
+    for gw in gateways:  # 0.016 left: a third answer may cost 0.019
+        status, headers, body = await chat(clients(gw), max_tokens=6)
         assert status == 429
         assert body["type"] == body["code"] == "insufficient_quota"
-        assert "daily budget of 0.05 USD" in body["message"]
+        assert "0.016 USD left of its daily budget of 0.05 USD" in body["message"]
+        assert "may cost up to 0.019 USD" in body["message"]
         assert int(headers["retry-after"]) > 0  # when the day ends
-    assert len(fake.fake.requests) == 3
+    assert len(fake.fake.requests) == 2
     # Each alert fired once, whichever instance crossed it.
-    assert await metric(gateways, "llm_gateway_budget_alerts_total", fraction="0.5") == 1
-    assert await metric(gateways, "llm_gateway_budget_alerts_total", fraction="0.9") == 1
+    assert await metric(gateways, "llm_gateway_budget_alerts_total", fraction="0.3") == 1
+    assert await metric(gateways, "llm_gateway_budget_alerts_total", fraction="0.6") == 1
     cost = await metric(gateways, "llm_gateway_cost_usd_total", tenant="team-a", model="m")
-    assert cost == pytest.approx(0.051)
+    assert cost == pytest.approx(0.034)
+
+
+async def test_a_burst_over_two_instances_never_passes_the_budget(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    redis_server: RedisServer,
+    clients: Clients,
+) -> None:
+    """Ten requests at once over two instances, each answer 0.017 USD and each held at its
+    worst case (HELD, 0.019) until it settles: only what the 0.05 budget covers is admitted,
+    so the spend stays within it (checked against settled spend alone, all ten passed)."""
+    fake = await make_fake(latency_ms=300)  # every answer still running when the last asks
+    policy = limits_policy(fake.url, redis_server.url, {"budget": {"usd": 0.05, "window": "day"}})
+    clock = Clock()
+    gateways = [await make_gateway(policy, clock=clock) for _ in range(2)]
+    statuses = await spread([clients(gw) for gw in gateways], 10, max_tokens=6)
+    assert statuses.count(200) == 2 and statuses.count(429) == 8
+    await settled(*gateways)
+    _, report = await usage_report(gateways[1], tenant="team-a", window="day")
+    assert (report["spend_usd"], report["held_usd"], report["budget_usd"]) == ("0.034", "0", "0.05")
+    assert len(fake.fake.requests) == 2
+
+
+async def test_a_client_that_leaves_mid_stream_releases_its_hold(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    fake = await make_fake(chunks=100, chunk_interval_ms=20)
+    budget = {"budget": {"usd": 1, "window": "day"}}
+    gw = await make_gateway(limits_policy(fake.url, None, budget), clock=Clock())
+    body = {"model": "m", "messages": MESSAGES, "stream": True, "max_tokens": 200}
+    auth = {"Authorization": f"Bearer {KEYS['team-a']}"}
+    async with aiohttp.ClientSession() as s:
+        resp = await s.post(gw.base_url + "/chat/completions", json=body, headers=auth)
+        await resp.content.readline()
+        _, report = await usage_report(gw, tenant="team-a", window="day")
+        assert report["held_usd"] == "0.407"  # 7 x 1000 + 200 x 2000 per Mtok
+        resp.close()  # the client goes away mid-stream
+    for _ in range(200):
+        await settled(gw)
+        _, report = await usage_report(gw, tenant="team-a", window="day")
+        if report["requests"]:
+            break
+        await asyncio.sleep(0.01)
+    assert report["held_usd"] == "0" and report["spend_usd"] != "0"  # charged what it was sent
 
 
 async def test_downgrade_serves_the_named_cheaper_model(
@@ -240,10 +298,10 @@ async def test_downgrade_serves_the_named_cheaper_model(
 ) -> None:
     big, small = await make_fake(reply="big"), await make_fake(reply="small")
     gw = await make_gateway(downgrade_policy(big.url, small.url), clock=Clock())
-    status, headers, reply = await chat(clients(gw))
+    status, headers, reply = await chat(clients(gw), max_tokens=6)
     assert status == 200 and "x-gateway-downgraded" not in headers
     await settled(gw)
-    status, headers, reply = await chat(clients(gw))
+    status, headers, reply = await chat(clients(gw), max_tokens=6)
     assert status == 200
     assert headers["x-gateway-downgraded"] == "lite"
     assert reply.choices[0].message.content == "small"
@@ -254,13 +312,65 @@ async def test_downgrade_without_a_cheaper_model_is_refused(
     make_fake: FakeFactory, make_gateway: GatewayFactory, clients: Clients
 ) -> None:
     fake = await make_fake()
-    budget = {"usd": 0.01, "on_exhausted": "downgrade"}
+    budget = {"usd": 0.02, "on_exhausted": "downgrade"}
     gw = await make_gateway(limits_policy(fake.url, None, {"budget": budget}), clock=Clock())
-    assert (await chat(clients(gw)))[0] == 200
+    assert (await chat(clients(gw), max_tokens=6))[0] == 200
     await settled(gw)
-    status, _, body = await chat(clients(gw))
+    status, _, body = await chat(clients(gw), max_tokens=6)
     assert status == 429 and body["code"] == "insufficient_quota"
     assert "no cheaper tier" in body["message"]
+
+
+async def test_a_passthroughs_downgrade_goes_only_where_its_api_is_served(
+    make_fake: FakeFactory,
+    make_anthropic: AnthropicFactory,
+    make_gateway: GatewayFactory,
+    clients: Clients,
+) -> None:
+    """The downgrade of a request relayed untranslated (Messages to a kind: anthropic backend,
+    a Responses passthrough) whose budget cannot cover it goes only to a backend that serves
+    that API itself, else it is refused, in the caller's format; a chat request is downgraded
+    anywhere. The downgrade went wherever its model was (Anthropic's body POSTed to a vLLM
+    server's /v1/messages with its key; a valid Responses request answered 400)."""
+    claude, relaying, plain = await make_anthropic(), await make_fake(), await make_fake()
+    backends = {
+        "claude": {"kind": "anthropic", "base_url": claude.url, "api_key_env": KEY_ENV},
+        "relaying": vllm(relaying.url, responses="passthrough"),
+        "plain": vllm(plain.url),
+    }
+    dear = {"input_per_mtok": 100_000, "output_per_mtok": 100_000}  # 0.1 USD a token
+    models = {
+        "c": {"backend": "claude", "model": "claude-test-1", "price": dear},
+        "r": {"backend": "relaying", "model": "fake-model", "price": dear},
+        "lite": {"backend": "plain", "model": "fake-model", "price": CHEAP},
+        "haiku": {"backend": "claude", "model": "claude-small", "price": CHEAP},
+    }
+    budget = {"usd": 0.01, "on_exhausted": "downgrade"}
+    rules = {"team-a": {"budget": {**budget, "downgrade_to": "lite"}},
+             "team-b": {"budget": {**budget, "downgrade_to": "haiku"}}}  # fmt: skip
+    gw = await make_gateway(build_policy(backends, models, tenants=tenants(**rules)), clock=Clock())
+    # Any request of "c" or "r" may cost more than the whole 0.01 USD: each is downgraded.
+    openai_a = clients(gw)
+    async with (
+        anthropic.AsyncAnthropic(base_url=gw.root, api_key=KEYS["team-a"], max_retries=0) as a,
+        anthropic.AsyncAnthropic(base_url=gw.root, api_key=KEYS["team-b"], max_retries=0) as b,
+    ):
+        with pytest.raises(anthropic.RateLimitError) as refused:
+            await a.messages.create(model="c", max_tokens=8, messages=MESSAGES)
+        assert "has no backend that serves the Messages API itself" in refused.value.message
+        served = await b.messages.with_raw_response.create(
+            model="c", max_tokens=8, messages=MESSAGES
+        )
+    assert served.headers["x-gateway-downgraded"] == "haiku"
+    assert (await served.parse()).content[0].text == "Hello from the fake Claude."  # type: ignore[union-attr]
+    assert claude.fake.requests[-1].body["model"] == "claude-small"
+    with pytest.raises(openai.RateLimitError) as spent:
+        await openai_a.responses.create(model="r", input="hi")
+    assert spent.value.code == "insufficient_quota"
+    status, headers, _ = await chat(openai_a, model="c")  # translated: any backend serves it
+    assert status == 200 and headers["x-gateway-downgraded"] == "lite"
+    assert [r.path for r in plain.fake.requests] == ["/v1/chat/completions"]
+    assert [r.path for r in relaying.fake.requests] == []
 
 
 async def test_windows_reset(
@@ -271,23 +381,23 @@ async def test_windows_reset(
 ) -> None:
     fake = await make_fake()
     clock = Clock(1_795_010_000.0)  # 2026-11-18, 13:53 UTC
-    rules = {"limits": {"requests_per_minute": 2}, "budget": {"usd": 0.05, "window": "day"}}
+    rules = {"limits": {"requests_per_minute": 2}, "budget": {"usd": 0.06, "window": "day"}}
     gw = await make_gateway(limits_policy(fake.url, redis_server.url, rules), clock=clock)
     c = clients(gw)
     for remaining in ("1", "0"):
-        status, headers, _ = await chat(c)
+        status, headers, _ = await chat(c, max_tokens=6)
         assert status == 200 and headers["x-ratelimit-remaining-requests"] == remaining
     await settled(gw)
-    status, headers, body = await chat(c)
+    status, headers, body = await chat(c, max_tokens=6)
     assert status == 429 and body["code"] == "rate_limit_exceeded"  # 2 per minute
     assert headers["retry-after"] == "30"
     clock.advance(30)  # one request comes back every 30 s
-    assert (await chat(c))[0] == 200  # 3 x 0.017 = 0.051: the day's 0.05 is spent
+    assert (await chat(c, max_tokens=6))[0] == 200  # 3 x 0.017 = 0.051 spent
     await settled(gw)
-    status, _, body = await chat(c)
+    status, _, body = await chat(c, max_tokens=6)  # the 0.009 left cannot cover 0.019
     assert status == 429 and body["code"] == "insufficient_quota"
     clock.t = 1_795_046_400.0  # the next day, 00:00 UTC: a new budget window
-    status, headers, _ = await chat(c)
+    status, headers, _ = await chat(c, max_tokens=6)
     assert status == 200 and headers["x-ratelimit-remaining-requests"] == "1"
     await settled(gw)
 
@@ -341,16 +451,18 @@ async def test_downgrade_serves_the_alias_small_tier(
                 "large": {"kind": "openai", "base_url": large.url}}  # fmt: skip
     tiers = [{"backend": "small", "price": CHEAP}, {"backend": "large", "price": PRICE}]
     models = {"m": {"tiers": tiers, "mode": "route", "threshold": -1.0}}  # always large
-    budget = {"usd": 0.01, "on_exhausted": "downgrade"}
+    budget = {"usd": 0.02, "on_exhausted": "downgrade"}
     gw = await make_gateway(
         limits_policy(small.url, None, {"budget": budget}, models=models, backends=backends),
         clock=Clock(),
     )
-    status, headers, reply = await chat(clients(gw))
+    status, headers, reply = await chat(clients(gw), max_tokens=6)
     assert status == 200 and headers["x-gateway-tier"] == "large"
     assert headers["x-gateway-cost-usd"] == "0.017"
     await settled(gw)
-    status, headers, reply = await chat(clients(gw))
+    # Held at the large tier's price (0.019), not the small one's (0.00019): the 0.003 left
+    # cannot cover it, so the alias is served by its small tier.
+    status, headers, reply = await chat(clients(gw), max_tokens=6)
     assert status == 200 and reply.choices[0].message.content == "small"
     assert headers["x-gateway-downgraded"] == "small" and "x-gateway-tier" not in headers
     assert headers["x-gateway-cost-usd"] == "0.00017"

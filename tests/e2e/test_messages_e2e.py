@@ -14,6 +14,7 @@ from typing import Any
 import anthropic
 import pytest
 from aiohttp import web
+from anthropic.types import ModelInfo
 
 from tests.conftest import (
     FakeFactory,
@@ -70,6 +71,7 @@ async def test_messages_create_over_a_vllm_backend(
         system="Be brief.",
         messages=[{"role": "user", "content": "Hello"}],
         stop_sequences=["END"],
+        cache_control={"type": "ephemeral"},  # the client's automatic caching: accepted
         extra_body={"temperature": 0},  # the SDK no longer takes sampling parameters itself
     )
     message = await raw.parse()
@@ -89,6 +91,7 @@ async def test_messages_create_over_a_vllm_backend(
     ]
     assert (sent.body["max_tokens"], sent.body["stop"]) == (64, ["END"])
     assert sent.body["temperature"] == 0
+    assert "cache_control" not in sent.body  # a chat backend caches prefixes by itself
 
 
 async def test_messages_stream(
@@ -145,13 +148,38 @@ async def test_tools_round_trip(
     assert streamed.content[0].input == {"city": "Paris"}  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("style", ["openai", "object", "no_index", "interleaved"])
+async def test_parallel_tool_calls_in_every_shape_upstreams_send(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients, style: str
+) -> None:
+    """Arguments sent as a JSON object (HF TGI), calls streamed without ``index`` (Gemini's
+    OpenAI endpoint), parallel calls' fragments interleaved: each ``tool_use`` block keeps its
+    own input, streamed or not."""
+    up = await make_fake(tool_calls=2, tool_call_style=style, chunks=1, reply="")
+    gw = await make_gateway(pool_policy([up.url]))
+    client = claude(gw)
+    question: Any = {"role": "user", "content": "x"}
+    expected = [("call-0", "tool_0", {"city": "city-0"}), ("call-1", "tool_1", {"city": "city-1"})]
+    whole = await client.messages.create(model="m", max_tokens=64, messages=[question])
+    uses = [b for b in whole.content if b.type == "tool_use"]
+    assert [(u.id, u.name, u.input) for u in uses] == expected
+    async with client.messages.stream(model="m", max_tokens=64, messages=[question]) as stream:
+        streamed = await stream.get_final_message()
+    uses = [b for b in streamed.content if b.type == "tool_use"]
+    assert [(u.id, u.name, u.input) for u in uses] == expected
+    assert streamed.stop_reason == "tool_use"
+
+
 async def test_count_tokens_uses_vllms_tokenizer(
     make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
 ) -> None:
     up = await make_fake()
     gw = await make_gateway(pool_policy([up.url]))
     count = await claude(gw).messages.count_tokens(
-        model="m", system="Be brief.", messages=[{"role": "user", "content": "one two three"}]
+        model="m",
+        system="Be brief.",
+        messages=[{"role": "user", "content": "one two three"}],
+        cache_control={"type": "ephemeral"},
     )
     tokenize = up.fake.requests[-1]
     assert tokenize.path == "/tokenize"
@@ -254,6 +282,29 @@ async def test_errors_in_anthropics_format(
     assert down.value.body["error"]["type"] == "api_error"  # type: ignore[index]
 
 
+async def test_anthropics_clients_read_the_request_id(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
+) -> None:
+    """Anthropic's clients read ``request-id``: with ``x-request-id`` only, a message's
+    ``_request_id`` and an error's ``request_id`` were always None."""
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url]))
+    client = claude(gw, default_headers={"x-request-id": "req-caller-1"})
+    ask: Any = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}
+    assert (await client.messages.create(**ask))._request_id == "req-caller-1"
+    async with client.messages.stream(**ask) as stream:
+        await stream.get_final_message()
+    assert stream.request_id == "req-caller-1"
+    with pytest.raises(anthropic.NotFoundError) as info:
+        await client.messages.create(**{**ask, "model": "nope"})
+    assert info.value.request_id == "req-caller-1"
+    models = await claude(gw).models.with_raw_response.list()
+    assert models.request_id == models.headers["x-request-id"]  # a new id, the same in both
+    assert models.request_id
+    openai_models = await gw.client.models.with_raw_response.list()
+    assert "request-id" not in openai_models.headers  # OpenAI's callers: x-request-id only
+
+
 async def test_a_prefilled_answer_is_continued(
     make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
 ) -> None:
@@ -305,6 +356,33 @@ async def test_models_in_anthropics_format(
     assert (await gw.client.models.retrieve("m")).object == "model"
 
 
+async def test_models_are_paged_as_anthropic_pages_them(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
+) -> None:
+    """``limit``, ``after_id`` and ``before_id`` were ignored (one page of every model), and
+    each model lacked ``lifecycle``, which anthropic's ``ModelInfo`` requires."""
+    up = await make_fake()
+    models = {name: {"backend": "up", "model": "fake-model"} for name in ("a", "b", "c")}
+    gw = await make_gateway(build_policy({"up": vllm(up.url)}, models))
+    names = gw.runtime.model_names()
+    assert len(names) >= 3
+    client = claude(gw)
+    first = await client.models.list(limit=2)
+    assert [m.id for m in first.data] == names[:2]
+    assert (first.has_more, first.first_id, first.last_id) == (True, names[0], names[1])
+    for model in first.data:
+        assert ModelInfo.model_validate(model.model_dump(exclude_unset=True)).lifecycle == "active"
+    assert [m.id async for m in client.models.list(limit=1)] == names  # page after page
+    back = await client.models.list(before_id=names[2], limit=1)
+    assert ([m.id for m in back.data], back.has_more) == ([names[1]], True)
+    assert (await client.models.list(lifecycle=["retired"])).data == []
+    assert (await client.models.retrieve("a")).lifecycle == "active"
+    for bad in ({"limit": 0}, {"after_id": "nope"}):
+        with pytest.raises(anthropic.BadRequestError) as info:
+            await client.models.list(**bad)
+        assert info.value.body["type"] == "error"  # type: ignore[index]
+
+
 # --- a kind: anthropic backend: untranslated ---------------------------------------------------
 
 
@@ -332,6 +410,7 @@ async def test_an_anthropic_backend_gets_the_request_untranslated(
     anthropic_gateway: tuple[FakeAnthropic, RunningGateway], claude: Clients
 ) -> None:
     fake, gw = anthropic_gateway
+    fake.signed["sig-earlier"] = "earlier"  # a thinking block the API gave in an earlier turn
     client = claude(gw)
     system: Any = [{"type": "text", "text": "Terse.", "cache_control": {"type": "ephemeral"}}]
     messages: Any = [

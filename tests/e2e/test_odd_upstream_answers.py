@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import anthropic
+import openai
 import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -21,7 +23,7 @@ from gateway.observability.otlp import Encoder, Exporter
 from gateway.observability.tracing import Telemetry
 from tests.cache.conftest import RedisServer
 from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy, serve, vllm
-from tests.e2e.limits_helpers import KEYS, limits_policy
+from tests.e2e.limits_helpers import KEYS, limits_policy, metric
 
 ODD = "\\ud800"  # as the upstream's bytes spell it: a JSON escape of a lone surrogate
 USUAL_USAGE = '{"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}'
@@ -325,6 +327,37 @@ async def test_misshapen_answers_are_re_told_or_refused_never_a_500(
             else:
                 assert isinstance(json.loads(text), dict)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_an_answer_its_api_cannot_tell_is_a_502_in_every_count(
+    odd_upstream: OddUpstream, make_gateway: GatewayFactory
+) -> None:
+    """A whole chat answer the Messages or Responses API cannot tell (nested past what JSON
+    parsing takes) is the 502 its client reads in every count too: the request's metric, the
+    attempt's outcome (bad_answer) and the replica's health, with no cost said. It was counted
+    a 200 served by a replica that did well."""
+    answer = json.loads(_answer(False, USUAL_USAGE)[0].replace(ODD.encode(), b"x"))
+    odd_upstream.raw = json.dumps(answer)[:-1] + ', "x": ' + DEEP + "}"
+    price = {"input_per_mtok": 1, "output_per_mtok": 2}
+    backends = {"up": vllm(odd_upstream.url, health={"eject_after": 2})}
+    gw = await make_gateway(build_policy(backends, {"m": {"backend": "up", "price": price}}))
+    async with anthropic.AsyncAnthropic(
+        base_url=gw.root, api_key="unused", max_retries=0, timeout=20
+    ) as claude:
+        with pytest.raises(anthropic.InternalServerError) as messages:
+            await claude.messages.create(
+                model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+    with pytest.raises(openai.InternalServerError) as responses:
+        await gw.client.responses.create(model="m", input="hi")
+    for refused in (messages.value, responses.value):
+        assert refused.status_code == 502 and "could not be read" in refused.message
+        assert "x-gateway-cost-usd" not in refused.response.headers
+    assert await metric([gw], "llm_gateway_requests_total", status="502") == 2
+    assert await metric([gw], "llm_gateway_requests_total", status="200") == 0
+    assert await metric([gw], "llm_gateway_upstream_attempts_total", outcome="bad_answer") == 2
+    assert await metric([gw], "llm_gateway_upstream_attempts_total", outcome="ok") == 0
+    assert not gw.runtime.pools["up"].replicas[0].healthy  # two failed answers: ejected
 
 
 SMALL_TIER_ANSWERS = [

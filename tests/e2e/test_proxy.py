@@ -305,6 +305,25 @@ models:
     assert ext.fake.requests[-1].body["model"] == "big-model"
 
 
+async def test_an_openai_backend_with_a_health_block_is_not_checked_unless_asked(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """Tuning passive ejection alone keeps active checks off: the API's /health (here a 503,
+    as a missing one) never makes the backend unready."""
+    ext = await make_fake()
+    ext.fake.healthy = False
+    policy = f"""
+backends:
+  external: {{kind: openai, base_url: "{ext.url}", health: {{eject_after: 5}}}}
+models:
+  m: {{backend: external, model: fake-model}}
+"""
+    gw = await make_gateway(policy)
+    reply = await gw.client.chat.completions.create(model="m", messages=MESSAGES)
+    assert reply.choices[0].message.content
+    assert ext.fake.requests[-1].body["model"] == "fake-model"
+
+
 async def test_error_after_stream_began_is_a_final_sse_error_event(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:

@@ -127,6 +127,34 @@ async def test_a_streamed_function_call(
     assert [item.type for item in final.output] == ["function_call"]
 
 
+PARALLEL_CALLS = [("tool_0", {"city": "city-0"}), ("tool_1", {"city": "city-1"})]
+
+
+@pytest.mark.parametrize("style", ["openai", "object", "no_index", "interleaved"])
+async def test_parallel_function_calls_in_every_shape_upstreams_send(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, style: str
+) -> None:
+    """Arguments sent as a JSON object (HF TGI), calls streamed without ``index`` (Gemini's
+    OpenAI endpoint), parallel calls' fragments interleaved: each call keeps its own whole
+    arguments as JSON text, streamed (every ``.done`` event included) or not."""
+    up = await make_fake(tool_calls=2, tool_call_style=style, chunks=1, reply="")
+    gw = await make_gateway(pool_policy([up.url]))
+    whole = await gw.client.responses.create(model="m", input="x")
+    calls = [i for i in whole.output if i.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == PARALLEL_CALLS
+    assert calls[0].arguments == (
+        '{"city":"city-0"}' if style == "object" else '{"city": "city-0"}'
+    )
+    async with gw.client.responses.stream(model="m", input="x") as stream:
+        events = [e async for e in stream]
+        final = await stream.get_final_response()
+    calls = [i for i in final.output if i.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == PARALLEL_CALLS
+    assert [c.call_id for c in calls] == ["call-0", "call-1"]
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert [json.loads(e.arguments) for e in done] == [arguments for _, arguments in PARALLEL_CALLS]
+
+
 async def test_previous_response_id_across_two_gateways_sharing_redis(
     make_fake: FakeFactory, make_gateway: GatewayFactory, redis_server: RedisServer
 ) -> None:
@@ -250,6 +278,32 @@ async def test_what_cannot_be_served_is_a_400_in_openai_shape(
     with pytest.raises(openai.NotFoundError):
         await gw.client.responses.create(model="nope", input="x")
     assert up.fake.requests == []
+
+
+async def test_a_tool_output_holds_text_parts_only(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """A screenshot in a function_call_output was dropped without a word (the chat API's tool
+    message holds text only): a 400 naming the part. Text parts, there and in a message, are
+    joined by a line break (they were glued: "Summarize:The report")."""
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url]))
+    call: Any = {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"}
+    text: Any = {"type": "input_text", "text": "screenshot:"}
+    image: Any = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+    output: Any = {"type": "function_call_output", "call_id": "c1", "output": [text, image]}
+    with pytest.raises(openai.BadRequestError) as info:
+        await gw.client.responses.create(model="m", input=[call, output])
+    assert isinstance(info.value.body, dict) and info.value.body["param"] == "input[1].output[1]"
+    assert up.fake.requests == []
+    ask: Any = {"role": "user", "content": [{"type": "input_text", "text": "Summarize:"}, text]}
+    output["output"] = [text, {"type": "input_text", "text": "(none)"}]
+    await gw.client.responses.create(model="m", input=[ask, call, output])
+    messages = up.fake.requests[-1].body["messages"]
+    assert (messages[0]["content"], messages[2]["content"]) == (
+        "Summarize:\nscreenshot:",
+        "screenshot:\n(none)",
+    )
 
 
 async def test_a_cache_hit_is_replayed_as_a_response(
@@ -423,3 +477,31 @@ async def test_an_openai_backend_translated_and_passthrough(
     assert relayed.output_text == "from the api"
     assert up.fake.requests[-1].path == "/v1/responses"
     assert up.fake.requests[-1].body["model"] == "fake-model"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"conversation": "conv_of_team_a"}, "conversation"),
+        (
+            {"input": [{"type": "item_reference", "id": "msg_of_team_a"}]},
+            "input[0]",
+        ),
+    ],
+)
+async def test_passthrough_refuses_upstream_state_it_cannot_tell_the_owner_of(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, extra: dict[str, Any], param: str
+) -> None:
+    # The upstream keeps every tenant's conversations and items under the gateway's one key:
+    # a conversation id or an item reference of another tenant was relayed and read.
+    up = await make_fake()
+    models = {"m": {"backend": "up", "model": "fake-model"}}
+    gw = await make_gateway(
+        build_policy({"up": vllm(up.url, responses="passthrough")}, models, TENANTS),
+        api_key=KEY_B,
+    )
+    body: dict[str, Any] = {"input": "What did we say?", **extra}
+    with pytest.raises(openai.BadRequestError) as refused:
+        await gw.client.responses.create(model="m", **body)
+    assert refused.value.param == param
+    assert up.fake.requests == []  # never relayed

@@ -282,3 +282,143 @@ async def _metric(gw: RunningGateway, name: str, label: str) -> float:
         for line in text.splitlines()
         if line.startswith(name) and label in line
     )
+
+
+@pytest.mark.parametrize("commit", [{"tokens": "whole"}, {"tokens": 2}])
+async def test_a_tool_call_from_the_small_tier_is_an_answer_kept_like_any(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, commit: Any
+) -> None:
+    """A valid tool call (content null) is a complete answer, never "empty": with a threshold
+    that keeps every answer, it is kept, whole or streamed, and the large tier is never asked
+    (at a commit point of N, the tool call's deltas are the chunks held and judged)."""
+    small, large = await make_fake(), await make_fake()
+    small.fake.queue("tool_call", "tool_call")
+    gw = await make_gateway(policy(small, large, mode="cascade", threshold=1.0, commit=commit))
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="auto", messages=MESSAGES, tools=TOOLS
+    )
+    assert raw.headers["x-gateway-cascade"] == "kept"
+    calls: Any = raw.parse().choices[0].message.tool_calls or []
+    assert [c.function.name for c in calls] == ["tool_0"]
+    streamed = await gw.client.chat.completions.with_raw_response.create(
+        model="auto", messages=MESSAGES, tools=TOOLS, stream=True
+    )
+    assert streamed.headers["x-gateway-cascade"] == "kept"
+    chunks = [c async for c in streamed.parse()]
+    names = [
+        t.function.name
+        for c in chunks
+        if c.choices
+        for t in c.choices[0].delta.tool_calls or []
+        if t.function is not None and t.function.name
+    ]
+    assert names == ["tool_0"]
+    assert large.fake.requests == []
+    assert await _metric(gw, "llm_gateway_tier_decisions_total", 'outcome="kept"') == 2
+
+
+PRICED_TIERS: Any = [
+    {"backend": "small", "price": {"input_per_mtok": 1, "output_per_mtok": 2}},
+    {
+        "backend": "large",
+        "model": "big-model",
+        "price": {"input_per_mtok": 10, "output_per_mtok": 20},
+    },
+]
+
+
+async def test_an_escalation_is_counted_paid_and_traced_whatever_the_large_tier_does(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """The small answer read whole and escalated is paid (cost and tokens) and the escalation
+    counted and on the span before the large tier is asked: when it then fails too, and when
+    it answers (the span names the tier that answered)."""
+    small = await make_fake(reply="I am not sure.", prompt_tokens=10, completion_tokens=4)
+    large = await make_fake(reply="#### 12", prompt_tokens=20, completion_tokens=2)
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry.from_config(
+        TelemetryConfig(enabled=True, sample_ratio=1.0), exporter=exporter, batch=False
+    )
+    tier = {"mode": "cascade", "threshold": -1.0, "fallback_to_small": False}
+    gw = await make_gateway(policy(small, large, tiers=PRICED_TIERS, **tier), telemetry=telemetry)
+    large.fake.queue("status:503")
+    with pytest.raises(openai.APIStatusError) as info:
+        await gw.client.chat.completions.create(model="auto", messages=MESSAGES)
+    assert info.value.status_code == 502
+    escalated = 'outcome="escalated"'
+    assert await _metric(gw, "llm_gateway_tier_decisions_total", escalated) == 1
+    # 10 input and 4 output tokens at 1 and 2 $/Mtok
+    assert await _metric(gw, "llm_gateway_cost_usd_total", 'model="auto"') == pytest.approx(18e-6)
+    assert await _metric(gw, "llm_gateway_tokens_total", 'kind="input"') == 10
+    assert await _metric(gw, "llm_gateway_tokens_total", 'kind="output"') == 4
+    failed = _request_spans(exporter)[-1]
+    assert failed["gateway.cascade.escalated"] is True
+    assert failed["gateway.tier"] == "large"  # asked, and failed
+    # Answered by the large tier: both answers paid, both counted in tokens.
+    await gw.client.chat.completions.create(model="auto", messages=MESSAGES)
+    assert await _metric(gw, "llm_gateway_tier_decisions_total", escalated) == 2
+    cost = (18 + 18 + 20 * 10 + 2 * 20) * 1e-6  # both small answers, and the large one
+    assert await _metric(gw, "llm_gateway_cost_usd_total", 'model="auto"') == pytest.approx(cost)
+    assert await _metric(gw, "llm_gateway_tokens_total", 'kind="input"') == 10 + 10 + 20
+    assert await _metric(gw, "llm_gateway_tokens_total", 'kind="output"') == 4 + 4 + 2
+    assert _request_spans(exporter)[-1]["gateway.tier"] == "large"
+
+
+async def test_a_large_tier_failure_served_by_the_small_answer_is_traced_as_small(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    small = await make_fake(reply="maybe 12", prompt_tokens=10, completion_tokens=4)
+    large = await make_fake()
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry.from_config(
+        TelemetryConfig(enabled=True, sample_ratio=1.0), exporter=exporter, batch=False
+    )
+    gw = await make_gateway(
+        policy(small, large, tiers=PRICED_TIERS, mode="cascade", threshold=-1.0),
+        telemetry=telemetry,
+    )
+    large.fake.queue("status:503")
+    raw = await gw.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
+    assert raw.headers["x-gateway-tier-fallback"] == "small"
+    assert raw.headers["x-gateway-cost-usd"] == "0.000018"  # served once, paid once
+    span = _request_spans(exporter)[-1]
+    assert span["gateway.tier"] == "small" and span["gateway.tier.fallback"] is True
+    assert await _metric(gw, "llm_gateway_tokens_total", 'kind="output"') == 4
+
+
+async def test_a_cut_the_callers_max_tokens_made_is_not_escalated_for_it(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """``finish_reason: length`` forces an escalation, unless the caller's own ``max_tokens``
+    cut the answer: the large tier would be cut there too, and the caller would pay both."""
+    small, large = await make_fake(reply="12", finish_reason="length"), await make_fake()
+    gw = await make_gateway(policy(small, large, mode="cascade", threshold=1.0))
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="auto", messages=MESSAGES, max_tokens=1
+    )
+    assert raw.headers["x-gateway-cascade"] == "kept"
+    assert raw.parse().choices[0].finish_reason == "length"
+    assert large.fake.requests == []
+    raw = await gw.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
+    assert raw.headers["x-gateway-cascade"] == "escalated"  # cut by the model's own limit
+
+
+async def test_a_streamed_whole_cascade_past_total_ms_before_any_byte_is_a_504(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """With ``commit: whole`` the client's first byte is the small answer's end: a deadline
+    that passes before it is a 504, as for any request before its first byte (README)."""
+    small, large = await make_fake(latency_ms=1500), await make_fake()
+    surfaces = {"default": {"budget": {"total_ms": 300}, "actions": {"deadline": True}}}
+    gw = await make_gateway(policy(small, large, surfaces, mode="cascade", threshold=1.0))
+    started = time.perf_counter()
+    with pytest.raises(openai.APIStatusError) as info:
+        await gw.client.chat.completions.create(model="auto", messages=MESSAGES, stream=True)
+    assert info.value.status_code == 504
+    assert time.perf_counter() - started < 1.0
+    assert large.fake.requests == []
+
+
+def _request_spans(exporter: InMemorySpanExporter) -> list[dict[str, Any]]:
+    spans = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+    return [dict(s.attributes or {}) for s in spans]

@@ -12,11 +12,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import aiohttp
+import anthropic
 import openai
 import pytest
 from aiohttp import web
 
-from tests.conftest import GatewayFactory, build_policy, serve, vllm
+from tests.conftest import FakeFactory, GatewayFactory, build_policy, serve, vllm
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -183,6 +184,41 @@ async def test_the_head_may_take_first_byte_s_and_the_body_idle_s(
     assert stopped.value.code == "idle_timeout"  # as the JSON answer for the same end says
 
 
+async def test_a_stream_that_stops_coming_is_told_in_each_api_as_its_json_answer_is(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """Past idle_s mid-stream: chat's error says timeout_error / idle_timeout; a Messages
+    stream's error event says Anthropic's timeout_error, a Responses stream's the code
+    idle_timeout (both said api_error / server_error, whatever had failed)."""
+    slow = await make_fake(chunk_interval_ms=2000)  # a first chunk, then silence past idle_s
+    backends = {"up": vllm(slow.url, timeouts={"idle_s": 0.3})}
+    gw = await make_gateway(build_policy(backends, {"m": {"backend": "up", "model": "x"}}))
+    stream = await gw.client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    with pytest.raises(openai.APIError) as chat:
+        _ = [c async for c in stream]
+    assert (chat.value.type, chat.value.code) == ("timeout_error", "idle_timeout")
+    async with anthropic.AsyncAnthropic(
+        base_url=gw.root, api_key="unused", max_retries=0, timeout=20
+    ) as claude:
+        with pytest.raises(anthropic.APIStatusError) as messages:
+            async with claude.messages.stream(model="m", max_tokens=8, messages=MESSAGES) as s:
+                _ = [e async for e in s]
+    assert messages.value.body == {
+        "type": "error",
+        "error": {"type": "timeout_error", "message": chat.value.message},
+    }
+    events = await gw.client.responses.create(model="m", input="hi", stream=True)
+    told = {e.type: e async for e in events}
+    error, failed = told["error"], told["response.failed"]
+    assert error.type == "error" and failed.type == "response.failed"
+    assert (error.code, error.message) == ("idle_timeout", chat.value.message)
+    assert failed.response.error is not None
+    assert (failed.response.error.code, failed.response.error.type) == (
+        "server_error",
+        "timeout_error",
+    )
+
+
 @pytest.fixture
 def black_hole() -> Iterator[str]:
     """A loopback address whose connections never complete: its accept queue is full, so the
@@ -232,11 +268,12 @@ async def test_a_rate_limited_hedge_does_not_win_the_race(
         arrivals += 1
         if arrivals % 2 == 1:  # the primary: slow, then a good answer
             return await answer(request, delay_s=0.4)
-        await request.read()  # the hedge: limited at once
+        await request.read()  # the hedge: limited at once (for no longer: primaries take
+        # turns, and a replica paced for its 429 would not be the next request's primary)
         return web.json_response(
             {"error": {"message": "slow down", "type": "rate_limit"}},
             status=429,
-            headers={"Retry-After": "1"},
+            headers={"Retry-After": "0"},
         )
 
     a = await upstreams.start("a", first_slow_then_limited)

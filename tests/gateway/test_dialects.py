@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import json
+from typing import cast
+
+from aiohttp import web
 
 from gateway.conversations import StoreLimits, open_store
 from gateway.dialects import MessagesCall, ResponsesCall
+from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.protocol.anthropic_messages import read_messages_request
-from gateway.protocol.openai import Endpoint
-from gateway.protocol.relayed import MESSAGES_END, RESPONSES_END, RelayedStream, messages_error
-from gateway.protocol.responses import read_responses_request
+from gateway.protocol.openai import Endpoint, ParsedRequest
+from gateway.protocol.relayed import (
+    MESSAGES_END,
+    RESPONSES_END,
+    RelayedStream,
+    messages_error,
+    responses_error,
+)
+from gateway.protocol.responses import read_responses_request, relayed_request
+from gateway.upstream.out import StreamOut
 from tests.gateway.protocol.chat_stream import DONE, USAGE, chunk, events, pieces
 
 ANSWER = {
@@ -66,7 +77,7 @@ async def test_a_streamed_response_is_stored_when_it_ends_and_not_when_it_fails(
     )
     stream = broken.stream()
     stream.feed(chunk({"content": "hi"}))
-    stream.fail("broke")
+    stream.fail(UpstreamError("broke"))
     await broken.ended()
     assert await store.get("t", broken.response_id) is None
 
@@ -83,6 +94,18 @@ async def test_store_false_and_an_oversized_conversation_are_not_stored() -> Non
     await big.ended()  # logged, not raised: the answer was served
     assert await store.get("t", call.response_id) is None
     assert await store.get("t", big.response_id) is None
+
+
+def test_a_call_translates_its_request_once() -> None:
+    """``parsed`` is the translated chat request, built once (not on every read)."""
+    responses = ResponsesCall(read_responses_request({"model": "m", "input": "x"}), "t", None)
+    messages = MessagesCall(
+        read_messages_request(
+            {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+        )
+    )
+    for call in (responses, messages):
+        assert call.parsed is call.parsed and call.parsed.endpoint is Endpoint.CHAT
 
 
 def test_a_messages_call_renders_answers_and_errors_in_anthropics_format() -> None:
@@ -112,5 +135,51 @@ def test_relayed_streams_end_on_their_dialects_last_event() -> None:
     responses.feed(b"event: response.failed\ndata: {}\n\n")
     assert responses.done and responses.failed
     cut = RelayedStream(MESSAGES_END, messages_error)
-    assert events(cut.fail("broke"))[0][1]["error"]["message"] == "broke"
-    assert cut.done and cut.fail("again") == b""
+    assert events(cut.fail(UpstreamError("broke")))[0][1]["error"]["message"] == "broke"
+    assert cut.done and cut.failed and cut.fail(UpstreamError("again")) == b""
+
+
+def test_a_relayed_stream_tells_the_gateways_failure_as_its_json_answer_would() -> None:
+    idle = UpstreamTimeout("the upstream stopped sending", code="idle_timeout")
+    messages = events(RelayedStream(MESSAGES_END, messages_error).fail(idle))
+    assert messages == [("error", {"type": "error", "error": {"type": "timeout_error",
+                                                              "message": idle.message}})]  # fmt: skip
+    responses = events(RelayedStream(RESPONSES_END, responses_error).fail(idle))
+    assert responses[0][1]["code"] == "idle_timeout"
+    stopped = events(RelayedStream(RESPONSES_END, responses_error).stop())
+    assert stopped[0][1]["code"] == "total_timeout"  # as a JSON answer past the deadline
+
+
+class Sink:
+    """What a ``StreamOut`` writes to, kept."""
+
+    def __init__(self) -> None:
+        self.written = b""
+
+    async def write(self, data: bytes) -> None:
+        self.written += data
+
+    async def write_eof(self) -> None:
+        return None
+
+
+async def test_a_relayed_stream_the_gateway_failed_is_not_complete() -> None:
+    """A passthrough stream ended by the gateway's error (a time-out, the deadline's stop) is
+    a failed stream, as a translated one is: not complete, and its ``ended`` hook (a Responses
+    passthrough records the upstream's response as the tenant's there) does not run."""
+    store = open_store(None)
+    body = {"model": "m", "input": "x", "stream": True}
+    own = ParsedRequest(Endpoint.RESPONSES, json.dumps(body).encode(), body, "m", True, None)
+    for end in ("error", "stop"):
+        call = ResponsesCall(relayed_request("m", True, True), "t", store, passthrough=own)
+        sink = Sink()
+        out = StreamOut(cast(web.StreamResponse, sink), call)
+        created = {"type": "response.created", "response": {"id": f"resp_{end}"}}
+        await out.write(b"event: response.created\ndata: " + json.dumps(created).encode() + b"\n\n")
+        if end == "error":
+            await out.error(UpstreamTimeout("the upstream stopped sending", code="idle_timeout"))
+        else:
+            await out.stop(chat=False)
+        assert b"event: error" in sink.written
+        assert out.failed and not out.complete, end
+        assert await store.get("t", f"resp_{end}") is None, end

@@ -24,7 +24,9 @@ DRAIN_S = 3.0
 
 # The server as `serve --workers 1` runs it, with a short drain bound (28 s in production).
 SERVE = """
+import logging
 import sys
+logging.basicConfig(level=logging.INFO, format="%(message)s")
 from pathlib import Path
 from gateway import server
 from policies.loader import read_policy
@@ -43,12 +45,16 @@ def _free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def _serving(policy: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
-    """``SERVE`` on a free port, listening; killed at the end if the test left it running."""
+async def _serving(
+    policy: Path, log: Path | None = None
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
+    """``SERVE`` on a free port, listening; killed at the end if the test left it running.
+    ``log``: where its stderr (the access log, when the policy turns it on) goes."""
     port = _free_port()
+    err = log.open("wb") if log is not None else None
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", SERVE.format(drain_s=DRAIN_S), str(policy), str(port),
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=err,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
@@ -58,6 +64,8 @@ async def _serving(policy: Path) -> AsyncIterator[tuple[asyncio.subprocess.Proce
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+        if err is not None:
+            err.close()
 
 
 async def test_sigterm_ends_streams_still_open_at_the_drain_bound(
@@ -73,9 +81,11 @@ async def test_sigterm_ends_streams_still_open_at_the_drain_bound(
         build_policy(
             {"up": vllm(up.url), "slow": vllm(slow.url)},
             {"m": {"backend": "up", "model": "fake-model"}, "s": {"backend": "slow"}},
+            server={"access_log": True},
         )
     )
-    async with _serving(policy) as (proc, port):
+    log = tmp_path / "serve.log"
+    async with _serving(policy, log) as (proc, port):
         client = openai.AsyncOpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0
         )
@@ -100,6 +110,10 @@ async def test_sigterm_ends_streams_still_open_at_the_drain_bound(
         assert time.monotonic() - started < DRAIN_S + 1.0
         assert received < 100
         await client.close()
+    # Both are the gateway's 503s in its counts: the cut stream was logged a 499 (a client
+    # that left) before.
+    lines = [line for line in log.read_text().splitlines() if "/v1/chat/completions" in line]
+    assert len(lines) == 2 and all(" 503 " in line for line in lines), lines
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:

@@ -63,6 +63,27 @@ def test_good_policy_loads_typed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert p.surfaces["voice"].budget.percentile == 99.0
 
 
+def test_an_openai_backends_health_block_keeps_active_checks_off_unless_asked() -> None:
+    """A block that only tunes ejection must not turn on /health checks, which most
+    OpenAI-compatible APIs do not answer (the backend would never be ready)."""
+    text = """backends:
+  ext: {kind: openai, base_url: "https://api.example.com/v1", health: HEALTH}
+models: {m: {backend: ext}}
+"""
+    tuned = parse_policy(text.replace("HEALTH", "{eject_after: 5}"), "p.yaml", {})
+    ext = tuned.backends["ext"]
+    assert (ext.health.active, ext.health.eject_after) == (False, 5)
+    asked = parse_policy(text.replace("HEALTH", "{active: true}"), "p.yaml", {})
+    assert asked.backends["ext"].health.active is True
+    pool = parse_policy(
+        'backends: {p: {kind: vllm, replicas: ["http://127.0.0.1:1/v1"], '
+        "health: {eject_after: 5}}}\nmodels: {m: {backend: p}}\n",
+        "p.yaml",
+        {},
+    )
+    assert pool.backends["p"].health.active is True  # vLLM serves /health: on by default
+
+
 def test_env_value_overrides_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_EXT_KEY", "x")
     assert parse_policy(GOOD, "p.yaml", {**ENV, "MAX_BODY": "4096"}).server.max_body_bytes == 4096

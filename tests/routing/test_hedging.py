@@ -151,7 +151,7 @@ def replicas_with(lat: ReplicaLatency, ttfts: list[float]) -> list[Replica]:
     return rs
 
 
-def test_the_hedge_goes_to_the_routers_choice_unless_it_is_predicted_slow() -> None:
+def test_the_hedge_goes_to_its_pick_unless_it_is_predicted_slow() -> None:
     lat = ReplicaLatency(alpha=1.0)
     rs = replicas_with(lat, [60.0, 50.0, 70.0, 400.0])
     policy = HedgePolicy(HedgeConfig(enabled=True), lat)
@@ -166,3 +166,19 @@ def test_a_lost_race_is_recorded_against_the_loser() -> None:
     (r,) = replicas_with(lat, [50.0])
     HedgePolicy(HedgeConfig(enabled=True), lat).lost(r, 300.0)
     assert lat.predict_ttft_ms(r.base_url) == pytest.approx(300.0)
+
+
+def test_lost_races_never_make_their_replica_look_about_to_answer() -> None:
+    """A replica cancelled 60 ms in, race after race, has only lower bounds of 60 ms: at 55 ms
+    its first token is not "5 ms away", so a hedge is still worth it (it was not, when those
+    bounds counted as first tokens that came)."""
+    lat = ReplicaLatency()
+    for _ in range(10):
+        lat.observe_ttft("fast", 10.0)
+        lat.observe_lost("slow", 60.0)
+    assert lat.remaining_ttft_ms("slow", 55.0) is None  # slower than any first token seen
+    assert worth_hedging(lat, "slow", ["slow", "fast"], 55.0)
+    for _ in range(3):
+        lat.observe_ttft("slow", 400.0)  # the few that came: what a late one is like
+    remaining = lat.remaining_ttft_ms("slow", 55.0)
+    assert remaining is not None and remaining > 300

@@ -4,7 +4,9 @@ Chat requests go to ``POST {base_url}/messages`` with ``x-api-key`` and ``anthro
 ``anthropic_request`` translates them, ``anthropic_response`` and ``anthropic_stream`` translate
 the answers back. A client of the Messages API itself (``Endpoint.MESSAGES``) is relayed
 untranslated: its body with only the model renamed, the answer as Anthropic sent it. Bodies are
-asked for uncompressed: the gateway reads them.
+asked for uncompressed: the gateway reads them. A 200 to a stream request that is not SSE is
+left as it came: a whole JSON message is translated whole (the relay sends it as a stream), and
+anything else is refused by the attempt's check of streams (``bad_answer``: retried elsewhere).
 """
 
 from __future__ import annotations
@@ -56,7 +58,12 @@ class AnthropicProvider:
         stream = None
         tool = format_tool_name(parsed.body)
         if parsed.stream and response.status == 200:
-            opts = parsed.body.get("stream_options")
-            include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
-            stream = AnthropicStream(include_usage, parsed.model, tool)
+            ctype = response.headers.get("Content-Type", "text/event-stream").lower()
+            if "event-stream" in ctype:
+                opts = parsed.body.get("stream_options")
+                include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+                stream = AnthropicStream(include_usage, parsed.model, tool)
+            elif "json" not in ctype:
+                return response  # no stream, no answer (a proxy's page): refused as bad_answer
+            # else a whole message (a server that ignored ``stream``): translated whole
         return TranslatedResponse(response, partial(translate_body, format_tool=tool), stream)

@@ -9,8 +9,12 @@
   content deltas) with ``finish_reason: stop``. ``json_object`` is the same with an open schema.
 - **Reasoning effort** (``reasoning_effort``) -> ``thinking: {type: enabled, budget_tokens}``:
   minimal 1,024, low 2,048, medium 8,192, high 24,576, xhigh and max 32,000 tokens; ``none`` no
-  thinking. Anthropic counts thinking inside ``max_tokens``, so the budget is added to the
-  client's limit. Thinking refuses a temperature or ``top_k``: asking for both is a 400.
+  thinking. Anthropic counts thinking inside ``max_tokens``. Without a limit the budget is added
+  to the backend's ``default_max_tokens``; a limit (the client's ``max_completion_tokens`` or
+  ``max_tokens``, which OpenAI counts reasoning in, or the gateway's output cap) bounds thinking
+  and answer together: the budget shrinks to leave ``MIN_ANSWER_TOKENS`` for the answer, down to
+  Anthropic's least budget (1,024); a limit too small for that sends no thinking. Thinking
+  refuses a temperature or ``top_k``: asking for both is a 400.
 - **PDF documents**: a chat ``file`` part holding a base64 PDF ``data:`` URL becomes a
   ``document`` block.
 - **Prompt-cache markers**: a ``cache_control`` on a chat content part is kept on its block.
@@ -32,6 +36,8 @@ THINKING_BUDGETS = {
     "xhigh": 32000,
     "max": 32000,
 }
+MIN_THINKING_BUDGET = 1024  # Anthropic refuses a smaller budget_tokens
+MIN_ANSWER_TOKENS = 256  # left for the answer when a limit bounds thinking and answer together
 _PDF = "data:application/pdf;base64,"
 _NAME = re.compile(r"[^a-zA-Z0-9_-]")
 
@@ -87,8 +93,9 @@ def structured_output(body: dict[str, Any], out: dict[str, Any]) -> None:
         out["tool_choice"] = {"type": "tool", "name": name}
 
 
-def thinking(body: dict[str, Any], out: dict[str, Any]) -> None:
-    """``reasoning_effort`` as Anthropic's thinking budget (added to ``max_tokens``)."""
+def thinking(body: dict[str, Any], out: dict[str, Any], limit: int | None) -> None:
+    """``reasoning_effort`` as Anthropic's thinking budget, added to ``out["max_tokens"]`` (the
+    answer's room) within ``limit`` (the client's limit or the gateway's cap, if any)."""
     effort = body.get("reasoning_effort")
     if effort is None or effort == "none":
         return
@@ -105,8 +112,14 @@ def thinking(body: dict[str, Any], out: dict[str, Any]) -> None:
                 "(extended thinking refuses it)",
                 param=name,
             )
+    total = out["max_tokens"] + budget
+    if limit is not None and total > limit:
+        total = limit
+        budget = min(budget, total - MIN_ANSWER_TOKENS)
+        if budget < MIN_THINKING_BUDGET:
+            return  # no room for the least budget and an answer: the answer without thinking
+    out["max_tokens"] = total
     out["thinking"] = {"type": "enabled", "budget_tokens": budget}
-    out["max_tokens"] += budget
 
 
 def document(part: dict[str, Any], where: str) -> dict[str, Any]:

@@ -5,7 +5,9 @@ per text, in order, wherever they stood); user and assistant text and image part
 blocks (a ``data:`` URL a base64 source, an http(s) URL a url source); an assistant's
 ``tool_calls`` become ``tool_use`` blocks, and ``tool`` messages ``tool_result`` blocks of a user
 turn (consecutive turns of one role are merged into one, as the Messages API alternates roles);
-``tools``; ``tool_choice`` auto / none / required / a function -> auto / none / any / tool
+an assistant's ``thinking_blocks`` (as answers carry them: ``anthropic_response``) become its
+turn's first blocks, signatures kept, as Anthropic needs them to continue a tool loop with
+thinking; ``tools``; ``tool_choice`` auto / none / required / a function -> auto / none / any / tool
 (``parallel_tool_calls: false`` -> ``disable_parallel_tool_use``); ``max_completion_tokens`` or
 ``max_tokens`` (the backend's ``default_max_tokens`` when neither is given: Anthropic requires
 one); ``temperature`` (0 to 1 there), ``top_p``, ``top_k``; ``stop`` -> ``stop_sequences``;
@@ -35,7 +37,9 @@ from gateway.upstream.providers.anthropic_options import (
     thinking,
     with_cache_marker,
 )
+from gateway.upstream.providers.anthropic_response import thinking_block
 
+_THINKING_TYPES = ("thinking", "redacted_thinking")
 _IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 _TOOL_CHOICES: dict[str, dict[str, Any]] = {
     "auto": {"type": "auto"},
@@ -57,11 +61,8 @@ def to_messages_request(
     """
     _reject_unsupported(body)
     system, messages = _messages(body["messages"])
-    out: dict[str, Any] = {
-        "model": model,
-        "max_tokens": _max_tokens(body, default_max_tokens, cap),
-        "messages": messages,
-    }
+    max_tokens, limit = _max_tokens(body, default_max_tokens, cap)
+    out: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "messages": messages}
     if system:
         out["system"] = system
     tools = body.get("tools")
@@ -81,7 +82,10 @@ def to_messages_request(
         out["metadata"] = {"user_id": user}
     if body.get("stream"):
         out["stream"] = True
-    thinking(body, out)  # before the format tool: with thinking, no tool can be forced
+    if not _unsigned_tool_loop(messages):
+        # Anthropic refuses thinking when the tool loop being continued did not start with its
+        # thinking block (a client that kept no thinking_blocks): the turn goes without.
+        thinking(body, out, limit)  # before the format tool: with thinking, none is forced
     structured_output(body, out)
     return out
 
@@ -121,7 +125,9 @@ def _reject_unsupported(body: dict[str, Any]) -> None:
         )
 
 
-def _max_tokens(body: dict[str, Any], default: int, cap: int | None) -> int:
+def _max_tokens(body: dict[str, Any], default: int, cap: int | None) -> tuple[int, int | None]:
+    """``max_tokens`` for the answer, and the limit of the whole output (thinking included):
+    the client's (OpenAI counts reasoning in it) or ``cap``, the smaller; None without one."""
     requested = body.get("max_completion_tokens")
     if requested is None:
         requested = body.get("max_tokens")
@@ -129,7 +135,8 @@ def _max_tokens(body: dict[str, Any], default: int, cap: int | None) -> int:
     if value < 1:
         name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         raise BadRequest(f"'{name}' must be at least 1", param=name)
-    return value if cap is None else min(value, cap)
+    limits = [n for n in (requested, cap) if n is not None]
+    return (value if cap is None else min(value, cap)), min(limits) if limits else None
 
 
 # --- messages ------------------------------------------------------------------------------
@@ -224,7 +231,10 @@ def _image(image: Any, where: str) -> dict[str, Any]:
 
 
 def _assistant_blocks(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    blocks = _text_blocks(message.get("content"), where)
+    blocks = [
+        *_thinking_blocks(message.get("thinking_blocks")),
+        *_text_blocks(message.get("content"), where),
+    ]
     calls = message.get("tool_calls")
     if calls is None:
         return blocks
@@ -233,6 +243,43 @@ def _assistant_blocks(message: dict[str, Any], where: str) -> list[dict[str, Any
     for k, call in enumerate(calls):
         blocks.append(_tool_use(call, f"{where}.tool_calls[{k}]"))
     return blocks
+
+
+def _thinking_blocks(given: Any) -> list[dict[str, Any]]:
+    """The signed thinking blocks an answer carried, as Anthropic sent them; a block that
+    cannot be sent back (no signature, not Anthropic's) is left out."""
+    blocks = []
+    for block in given if isinstance(given, list) else ():
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "thinking" and _strings(block, "thinking", "signature") and block["signature"]:
+            blocks.append(thinking_block(block["thinking"], block["signature"]))
+        elif kind == "redacted_thinking" and _strings(block, "data"):
+            blocks.append({"type": "redacted_thinking", "data": block["data"]})
+    return blocks
+
+
+def _strings(block: dict[str, Any], *names: str) -> bool:
+    return all(isinstance(block.get(name), str) for name in names)
+
+
+def _unsigned_tool_loop(turns: list[dict[str, Any]]) -> bool:
+    """The request continues a tool loop (its last turn holds tool results) whose first
+    assistant turn, after the user's own last turn, does not start with a thinking block."""
+    if not turns or turns[-1]["role"] != "user" or not _has_results(turns[-1]):
+        return False
+    first = None
+    for turn in reversed(turns):
+        if turn["role"] == "user" and not _has_results(turn):
+            break  # the user's own turn: the loop began after it
+        if turn["role"] == "assistant":
+            first = turn
+    return first is not None and first["content"][0]["type"] not in _THINKING_TYPES
+
+
+def _has_results(turn: dict[str, Any]) -> bool:
+    return any(block["type"] == "tool_result" for block in turn["content"])
 
 
 def _tool_use(call: Any, where: str) -> dict[str, Any]:

@@ -1,7 +1,10 @@
 """Anthropic Messages answers and errors, translated into OpenAI's chat-completion JSON.
 
 Text blocks join into ``message.content``; thinking blocks into ``reasoning_content`` (as vLLM
-reports reasoning); ``tool_use`` blocks become ``tool_calls`` (their ``input`` as a JSON string
+reports reasoning), and, with their signatures, into ``thinking_blocks`` (LiteLLM's field:
+``{type: thinking, thinking, signature}`` and ``{type: redacted_thinking, data}``), which a
+client sends back on the assistant message so that a tool loop with thinking continues (the
+request's translation rebuilds them); ``tool_use`` blocks become ``tool_calls`` (their ``input`` as a JSON string
 of arguments), except the call of a structured answer's format tool, whose input is the
 content; ``stop_reason`` maps onto ``finish_reason``; usage counts cached prompt tokens (read and written) into ``prompt_tokens``, as OpenAI does, and
 reports the ones read under ``prompt_tokens_details.cached_tokens``; thinking tokens
@@ -72,6 +75,10 @@ def _count(counts: Mapping[str, Any], key: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
+def thinking_block(thinking: str, signature: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": thinking, "signature": signature}
+
+
 def text_field(block: Mapping[str, Any], key: str) -> str:
     """A field that chat clients read as a string (a tool call's id, its name), else ""."""
     value = block.get(key)
@@ -90,6 +97,7 @@ def chat_completion(
         raise ValueError("not an Anthropic message")
     texts: list[str] = []
     thoughts: list[str] = []
+    signed: list[dict[str, Any]] = []  # thinking_blocks
     calls: list[dict[str, Any]] = []
     for block in message["content"]:
         if not isinstance(block, dict):
@@ -99,6 +107,10 @@ def chat_completion(
             texts.append(block["text"])
         elif kind == "thinking" and isinstance(block.get("thinking"), str):
             thoughts.append(block["thinking"])
+            if isinstance(block.get("signature"), str):
+                signed.append(thinking_block(block["thinking"], block["signature"]))
+        elif kind == "redacted_thinking" and isinstance(block.get("data"), str):
+            signed.append({"type": "redacted_thinking", "data": block["data"]})
         elif kind == "tool_use" and format_tool is not None and block.get("name") == format_tool:
             texts.append(json.dumps(block.get("input") or {}))
         elif kind == "tool_use":
@@ -115,6 +127,8 @@ def chat_completion(
     reply: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
     if thoughts:
         reply["reasoning_content"] = "".join(thoughts)
+    if signed:
+        reply["thinking_blocks"] = signed
     if calls:
         reply["tool_calls"] = calls
     elif reply["content"] is None:
@@ -163,5 +177,7 @@ def translate_body(status: int, raw: bytes, format_tool: str | None = None) -> t
         data = upstream_json.loads(raw)
         return 200, json.dumps(chat_completion(data, format_tool=format_tool)).encode()
     except (UnicodeDecodeError, ValueError, AttributeError):
-        body = error_body("the Anthropic API answered 200 without a message", "upstream_error", 502)
+        body = error_body(
+            "the Anthropic API answered 200 without a message", "upstream_error", "bad_gateway"
+        )
         return 502, json.dumps(body).encode()

@@ -15,7 +15,7 @@ from typing import Protocol
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.upstream.client import UpstreamBody, read_capped
+from gateway.upstream.client import UpstreamBody, UpstreamStreamError, read_capped
 
 # (upstream status, upstream body) -> (status, OpenAI body)
 BodyTranslator = Callable[[int, bytes], tuple[int, bytes]]
@@ -24,6 +24,11 @@ BodyTranslator = Callable[[int, bytes], tuple[int, bytes]]
 class StreamTranslator(Protocol):
     def feed(self, data: bytes) -> bytes:
         """The OpenAI SSE bytes that ``data`` completes (often b"" for a partial event)."""
+        ...
+
+    @property
+    def error(self) -> UpstreamStreamError | None:
+        """The error the upstream's stream reported, once the bytes before it were fed."""
         ...
 
 
@@ -35,8 +40,11 @@ class TranslatedStream:
         self._translator = translator
 
     async def readany(self) -> bytes:
-        """The next translated bytes; b"" at the end of the upstream's stream."""
+        """The next translated bytes; b"" at the end of the upstream's stream. Raises the
+        error the stream reported once the bytes it sent before (its usage) were read."""
         while True:
+            if self._translator.error is not None:
+                raise self._translator.error
             data = await self._source.readany()
             if not data:
                 return b""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -232,3 +233,76 @@ async def test_unlimited_usage_is_merged_and_lands_in_the_windows_it_was_spent_i
     assert (day2["spend$"], day2["chat:n"], day2["batch:n"], day2["batch:in"]) == (10, 1, 1, 40)
     month = await limiter.record_of("free", window_of("month", clock.t))
     assert (month["spend$"], month["chat:n"], month["chat:cost$"]) == (31, 4, 26)
+
+
+# ---- holds: a budgeted request holds its worst-case cost until it settles ------------------
+
+HOLD = 300_000_000  # 0.0003 USD: what each request may cost at most
+COST = 250_000_000  # what its answer really costs
+
+
+async def held(lim: Limiter, rule: BudgetRule = BUDGET) -> int:
+    return (await lim.record_of("team-a", window_of(rule.window, lim.now_s()))).get("held$", 0)
+
+
+async def test_a_concurrent_burst_never_passes_the_budget(limiter: Limiter) -> None:
+    """Admitted together, before any answer settles: only what the budget covers (3 x 0.0003
+    of 0.001 USD), so the settled spend stays within it."""
+    subject = who("batch", BUDGET, limits=RateLimits())
+
+    async def one() -> Admission | LimitExceeded:
+        try:
+            return await limiter.admit(subject, 1, cost=HOLD)
+        except LimitExceeded as exc:
+            return exc
+
+    answers = await asyncio.gather(*(one() for _ in range(20)))
+    admitted = [a for a in answers if isinstance(a, Admission)]
+    assert len(admitted) == 3 and await held(limiter) == 3 * HOLD
+    assert {a.reason for a in answers if isinstance(a, LimitExceeded)} == {"budget"}
+    for adm in admitted:
+        limiter.finish(adm, used(1, cost=COST))
+    await limiter.drain()
+    month = await limiter.record_of("team-a", window_of("month", limiter.now_s()))
+    assert month["spend$"] == 3 * COST <= BUDGET.cap and month.get("held$", 0) == 0
+    with pytest.raises(LimitExceeded, match=r"0\.00025 USD left of its monthly budget"):
+        await limiter.admit(subject, 1, cost=HOLD)  # 0.00025 left cannot cover 0.0003
+
+
+async def test_holds_are_released_whatever_the_end(limiter: Limiter) -> None:
+    """An answer, a failure (no usage), a client gone (charged its estimate): held back to 0."""
+    subject = who("batch", BUDGET, limits=RateLimits())
+    for record in (used(1, cost=COST), None, used(1, cost=0)):
+        adm = await limiter.admit(subject, 1, cost=HOLD)
+        assert adm.hold is not None and await held(limiter) == HOLD
+        await done(limiter, adm, record)
+        assert await held(limiter) == 0
+
+
+async def test_requests_in_flight_hold_the_budget_until_they_settle(limiter: Limiter) -> None:
+    subject = who("batch", BUDGET, limits=RateLimits())
+    first = await limiter.admit(subject, 1, cost=BUDGET.cap * 7 // 10)
+    with pytest.raises(LimitExceeded, match=r"requests in flight hold 0\.0007 USD") as refused:
+        await limiter.admit(subject, 1, cost=BUDGET.cap * 4 // 10)
+    assert refused.value.headers["Retry-After"] == "1"  # they may settle for less
+    await done(limiter, first, used(1, cost=BUDGET.cap // 10))
+    await limiter.admit(subject, 1, cost=BUDGET.cap * 4 // 10)  # 0.0001 spent, 0.0004 held
+
+
+async def test_a_request_costlier_than_the_whole_budget_is_refused_at_once(
+    limiter: Limiter,
+) -> None:
+    subject = who("batch", BUDGET, limits=RateLimits())
+    with pytest.raises(LimitExceeded, match="too costly") as refused:
+        await limiter.admit(subject, 1, cost=BUDGET.cap + 1)
+    assert refused.value.reason == "budget" and "Retry-After" not in refused.value.headers
+    assert "may cost up to 0.001001 USD" in refused.value.message  # rounded up to a micro-dollar
+
+
+async def test_a_downgrade_holds_nothing(limiter: Limiter) -> None:
+    rule = BudgetRule(Decimal("0.001"), "day", (), "downgrade")
+    subject = who("batch", rule, limits=RateLimits())
+    kept = await limiter.admit(subject, 1, cost=HOLD * 3)
+    adm = await limiter.admit(subject, 1, cost=HOLD)  # 0.0001 left: served cheaper, unheld
+    assert (kept.downgrade, adm.downgrade, adm.hold) == (False, True, None)
+    assert await held(limiter, rule) == 3 * HOLD

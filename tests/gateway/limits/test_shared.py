@@ -139,6 +139,48 @@ async def test_a_crashed_instance_leaks_no_slot(instances: Factory) -> None:
     alive.finish(long_running, None)
 
 
+async def test_instances_in_a_burst_never_pass_the_budget(instances: Factory) -> None:
+    """Three instances admit a burst together: each request holds its worst case (0.3 USD of
+    1) in Redis, so only what the budget covers is admitted and the spend stays within it."""
+    gateways = [instances() for _ in range(3)]
+    rule = BudgetRule(Decimal("1"), "day")
+    subject = Subject("team-a", "chat", None, None, rule)
+    hold, cost = rule.cap * 3 // 10, rule.cap * 29 // 100
+
+    async def one(i: int) -> tuple[Limiter, Admission] | None:
+        lim = gateways[i % 3]
+        try:
+            return lim, await lim.admit(subject, 1, cost=hold)
+        except LimitExceeded:
+            return None
+
+    admitted = [a for a in await asyncio.gather(*(one(i) for i in range(30))) if a is not None]
+    assert len(admitted) == 3
+    for lim, adm in admitted:
+        lim.finish(adm, UsageRecord("chat", "m", Usage(10, 0, 10), cost))
+    for lim in gateways:
+        await lim.drain()
+    fields = await gateways[0].record_of("team-a", window_of("day", gateways[0].now_s()))
+    assert fields[SPEND] == 3 * cost <= rule.cap and fields.get("held$", 0) == 0
+
+
+async def test_a_crashed_instance_leaks_no_hold(instances: Factory) -> None:
+    crashed, alive = instances(lease_ttl_s=0.3), instances(lease_ttl_s=0.3)
+    await alive.start()
+    rule = BudgetRule(Decimal("1"), "day")
+    subject = Subject("team-a", "chat", None, None, rule)
+    await crashed.admit(subject, 1, cost=rule.cap // 2)
+    long_running = await alive.admit(subject, 1, cost=rule.cap // 4)
+    await crashed.store.aclose()  # gone without releasing its hold
+    with pytest.raises(LimitExceeded, match=r"requests in flight hold 0\.75 USD"):
+        await alive.admit(subject, 1, cost=rule.cap // 2)
+    await asyncio.sleep(0.5)  # past the TTL: the crashed hold expired, the renewed one did not
+    await alive.admit(subject, 1, cost=rule.cap // 2)
+    with pytest.raises(LimitExceeded, match=r"requests in flight hold 0\.75 USD"):
+        await alive.admit(subject, 1, cost=rule.cap // 4 + 1)
+    alive.finish(long_running, None)
+
+
 async def test_capacity_refills_on_the_servers_clock(redis_server: RedisServer) -> None:
     store = redis_store(redis_server)
     take = AcquireRequest((BucketTake("t:r", Rate(5, 500), 1),))  # 5 per 0.5 s, Redis TIME

@@ -12,11 +12,13 @@ import pytest
 from gateway.limits.gcra import Rate
 from gateway.limits.memory import MemoryStore
 from gateway.limits.store import (
+    HELD,
     SPEND,
     AcquireRequest,
     BucketAdjust,
     BucketTake,
     BudgetGate,
+    Hold,
     LimitStore,
     SettleRequest,
     SlotTake,
@@ -38,6 +40,7 @@ def random_ops(seed: int, count: int) -> list[tuple[str, object]]:
     """A fixed sequence of acquires, settlements and renewals at advancing times."""
     rng = random.Random(seed)
     ops: list[tuple[str, object]] = []
+    holds: list[Hold] = []  # asked for: some taken, some not (a release of those is a no-op)
     now = 1_000_000
     for i in range(count):
         now += rng.choice([0, 0, 1, 7, 150, 2_999, 12_000, 70_000])
@@ -52,7 +55,14 @@ def random_ops(seed: int, count: int) -> list[tuple[str, object]]:
             )
             # Some takes are a grant's (several leases: L<i>#0, #1, ...).
             slots = (SlotTake("t:c", 5, rng.choice([1, 1, 3])),) if rng.random() < 0.5 else ()
-            gate = BudgetGate("t:u", cap=5_000_000, refuse=rng.random() < 0.5)
+            # A small budget soon spent, or a large one that holds decide (amounts in pUSD,
+            # rounded up to micro-dollars: 1 holds 10**6).
+            cap = rng.choice([5_000_000, 10**9])
+            amount = rng.choice([0, 1, 999_999, 200_000_000, 450_000_000])
+            hold = Hold.of("t:u", f"L{i}", amount) if amount else None
+            if hold is not None:
+                holds.append(hold)
+            gate = BudgetGate("t:u", cap, rng.random() < 0.5, hold, 10**7)
             ops.append(("acquire", AcquireRequest(buckets, slots, gate, f"L{i}", 5_000, now)))
         elif kind < 0.9:
             adjusts = (BucketAdjust("t:k", RATES["k"], rng.randint(-1_500, 1_500)),)
@@ -65,9 +75,13 @@ def random_ops(seed: int, count: int) -> list[tuple[str, object]]:
             j = rng.randrange(max(1, i))
             # One lease, or a grant's unused ones (space-separated).
             release = rng.choice([f"L{j}", f"L{j}#0", f"L{j}#1 L{j}#2"])
-            ops.append(("settle", (SettleRequest(adjusts, ("t:c",), release, usage, now))))
+            # A hold released (perhaps again, perhaps expired: each at most once).
+            freed = (rng.choice(holds),) if holds and rng.random() < 0.7 else ()
+            settle = SettleRequest(adjusts, ("t:c",), release, usage, now, holds=freed)
+            ops.append(("settle", settle))
         else:
             leases = tuple(("t:c", f"L{j}") for j in range(max(0, i - 5), i))
+            leases += tuple((h.key, h.member) for h in holds[-3:])
             ops.append(("renew", Renewal(leases, now)))
     return ops
 
@@ -85,7 +99,8 @@ async def run(store: LimitStore, ops: list[tuple[str, object]]) -> list[object]:
             assert isinstance(arg, Renewal)
             leases, now = arg
             await store.renew(leases, 5_000, now)
-            out.append(("renewed", len(leases)))
+            record = await store.read_usage("t:u", now)
+            out.append(("renewed", len(leases), record[SPEND], record.get(HELD, 0)))
     return out
 
 
@@ -107,6 +122,10 @@ async def test_redis_scripts_compute_exactly_what_the_memory_store_computes(
     # The sequence exercises every outcome, so agreeing is not agreeing on "always admitted".
     assert admitted and {r.blocked_by for r in refused} == {"bucket", "slot", "budget"}  # type: ignore[attr-defined]
     assert any(r.wait_ms is None for r in refused)  # type: ignore[attr-defined]
+    # Holds were taken, held the budget (alone: the spend under the cap) and were reclaimed.
+    helds = [r.budget_held for r in memory if hasattr(r, "budget_held")]
+    assert max(helds) >= 600_000_000
+    assert any(r.over_budget and r.spend < 10**9 for r in refused)  # type: ignore[attr-defined]
     for i, (a, b) in enumerate(zip(memory, shared, strict=True)):
         assert a == b, f"op {i}: {ops[i][0]} memory {a} != redis {b}"
 
@@ -119,13 +138,18 @@ async def test_an_acquire_whose_caller_left_takes_nothing(
     reply it no longer waits for comes. (The memory store never waits: nothing to leave.)"""
     store = redis_store(redis_server)
     takes = (BucketTake("t:k", Rate(1_000), 600),), (SlotTake("t:c", 2, count=2),)
+    cap = 10**12  # 1 USD, of which each take holds 0.6
+
+    def gate(hold_id: str) -> BudgetGate:
+        return BudgetGate("t:u", cap, True, Hold.of("t:u", hold_id, cap * 6 // 10), 600)
+
     try:
         await store.renew((("t:c", "none"),), 1_000, clock.ms)  # connected
         assert redis_server.proc is not None
         redis_server.proc.send_signal(signal.SIGSTOP)
         try:
             check = asyncio.ensure_future(
-                store.acquire(AcquireRequest(*takes, None, "left", 30_000, clock.ms))
+                store.acquire(AcquireRequest(*takes, gate("left"), "left", 30_000, clock.ms))
             )
             await asyncio.sleep(0.05)  # written; Redis holds the reply
             check.cancel()
@@ -134,12 +158,15 @@ async def test_an_acquire_whose_caller_left_takes_nothing(
         finally:
             redis_server.proc.send_signal(signal.SIGCONT)
         for _ in range(100):  # the reply comes, then the give-back is written
-            again = await store.acquire(AcquireRequest(*takes, None, "next", 30_000, clock.ms))
+            again = await store.acquire(
+                AcquireRequest(*takes, gate("next"), "next", 30_000, clock.ms)
+            )
             if again.admitted:
                 break
             await asyncio.sleep(0.01)
-        # 600 of 1,000 tokens and both slots: only with the first take given back whole.
-        assert again.admitted and again.held == (2,)
+        # 600 of 1,000 tokens, both slots and 0.6 USD of 1: only with the first take given
+        # back whole.
+        assert again.admitted and again.held == (2,) and again.budget_held == cap * 6 // 10
     finally:
         await store.aclose()
 
@@ -198,6 +225,39 @@ async def test_a_grant_takes_several_leases_and_gives_back_the_unused(
     await store.settle(SettleRequest(releases=("t:c",), lease_id="g#0", now_ms=clock.ms))
     one = await store.acquire(AcquireRequest((), (SlotTake("t:c", 5),), None, "j", 1_000, clock.ms))
     assert one.admitted and one.held == (5,)
+
+
+async def test_holds_expire_unless_renewed_and_are_released_once(
+    store: LimitStore, clock: Clock
+) -> None:
+    cap = 10**12  # 1 USD
+
+    def take(name: str, amount: int = 4 * 10**11) -> AcquireRequest:
+        gate = BudgetGate("t:u", cap, True, Hold.of("t:u", name, amount), keep_s=600)
+        return AcquireRequest((), budget=gate, lease_id=name, lease_ttl_ms=1_000, now_ms=clock.ms)
+
+    def release(*names: str) -> SettleRequest:
+        holds = tuple(Hold.of("t:u", n, 4 * 10**11) for n in names)
+        return SettleRequest(now_ms=clock.ms, holds=holds)
+
+    assert (await store.acquire(take("a"))).budget_held == 4 * 10**11
+    assert (await store.acquire(take("b"))).budget_held == 8 * 10**11
+    refused = await store.acquire(take("c"))
+    assert (refused.admitted, refused.blocked_by, refused.over_budget) == (False, "budget", True)
+    clock.advance(0.6)
+    await store.renew((("t:u:h", "b=400000"),), 1_000, clock.ms)
+    clock.advance(0.5)  # a's hold expired (its holder stopped renewing it); b's did not
+    admitted = await store.acquire(take("c"))
+    assert admitted.admitted and admitted.budget_held == 8 * 10**11
+    await store.settle(release("a"))  # reclaimed already: nothing more to release
+    assert (await store.read_usage("t:u", clock.ms))[HELD] == 8 * 10**11
+    for _ in range(2):  # released once, however often it is sent
+        await store.settle(release("b"))
+        assert (await store.read_usage("t:u", clock.ms))[HELD] == 4 * 10**11
+    await store.settle(release("c"))
+    assert HELD not in await store.read_usage("t:u", clock.ms)
+    too_costly = await store.acquire(take("d", cap + 1))
+    assert (too_costly.admitted, too_costly.over_budget) == (False, True)
 
 
 async def test_money_is_exact_and_carried(store: LimitStore, clock: Clock) -> None:

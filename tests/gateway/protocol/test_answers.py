@@ -62,6 +62,12 @@ def test_sse_parses_as_openai_chunks_and_reassembles() -> None:
     assert rebuilt is not None and rebuilt["usage"] == ANSWER["usage"]
     assert rebuilt["choices"][0]["message"] == {"role": "assistant", "content": "Paris."}
     assert ChatCompletion.model_validate(rebuilt).choices[0].finish_reason == "stop"
+    # Every choice of every chunk has the required, nullable finish_reason, as OpenAI's do.
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]] == [
+        None,
+        None,
+        "stop",
+    ]
 
 
 def test_parallel_tool_calls_keep_their_index_through_the_sdk_accumulator() -> None:
@@ -78,6 +84,38 @@ def test_parallel_tool_calls_keep_their_index_through_the_sdk_accumulator() -> N
     ]
     rebuilt = assemble(events(render_sse(answer)), done=True)
     assert rebuilt is not None and rebuilt["choices"][0]["message"]["tool_calls"] == CALLS
+
+
+def test_tool_calls_without_index_or_with_object_arguments_add_up() -> None:
+    """Gemini's OpenAI endpoint sends whole calls without ``index`` (two in one chunk, or one
+    per chunk); HF TGI sends ``arguments`` as a JSON object: each call stays its own, its
+    arguments JSON text."""
+    head = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+
+    def chunk(calls: list[dict[str, Any]], finish: str | None = None) -> dict[str, Any]:
+        delta = {"role": "assistant", "tool_calls": calls}
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    unnumbered = [{k: v for k, v in call.items() if k != "index"} for call in CALLS]
+    for chunks in (
+        [chunk(unnumbered), chunk([], "tool_calls")],
+        [chunk(unnumbered[:1]), chunk(unnumbered[1:]), chunk([], "tool_calls")],
+    ):
+        answer = assemble(chunks, done=True)
+        assert answer is not None
+        assert answer["choices"][0]["message"]["tool_calls"] == CALLS
+    as_object = {**CALLS[0], "index": 0, "function": {"name": "weather", "arguments": {"a": "é"}}}
+    answer = assemble([chunk([as_object], "tool_calls")], done=True)
+    assert answer is not None
+    assert answer["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == (
+        '{"a":"é"}'
+    )
+    # A whole answer streamed to a client that asked for a stream: the same JSON text.
+    whole = with_message(content=None, tool_calls=[as_object])
+    (streamed,) = [
+        c for c in events(render_sse(whole)) if c["choices"][0]["delta"].get("tool_calls")
+    ]
+    assert streamed["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] == '{"a":"é"}'
 
 
 def test_logprobs_and_reasoning_survive_both_ways() -> None:

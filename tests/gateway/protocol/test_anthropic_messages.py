@@ -404,15 +404,53 @@ def test_errors_in_anthropics_format_and_statuses() -> None:
 
 
 def test_models_page() -> None:
+    model = {"type": "model", "created_at": "1970-01-01T00:00:00Z", "lifecycle": "active"}
     assert models_page(["a", "b"]) == {
         "data": [
-            {"type": "model", "id": "a", "display_name": "a", "created_at": "1970-01-01T00:00:00Z"},
-            {"type": "model", "id": "b", "display_name": "b", "created_at": "1970-01-01T00:00:00Z"},
+            {**model, "id": "a", "display_name": "a"},
+            {**model, "id": "b", "display_name": "b"},
         ],
         "has_more": False,
         "first_id": "a",
         "last_id": "b",
     }
+
+
+def ids(page: dict[str, Any]) -> tuple[list[str], bool, str | None, str | None]:
+    return [m["id"] for m in page["data"]], page["has_more"], page["first_id"], page["last_id"]
+
+
+def test_models_are_paged_as_anthropic_pages_them() -> None:
+    names = ["a", "b", "c", "d", "e"]
+    assert ids(models_page(names, limit="2")) == (["a", "b"], True, "a", "b")
+    assert ids(models_page(names, limit="2", after_id="b")) == (["c", "d"], True, "c", "d")
+    assert ids(models_page(names, limit="2", after_id="d")) == (["e"], False, "e", "e")
+    assert ids(models_page(names, after_id="e")) == ([], False, None, None)
+    assert ids(models_page(names, limit="2", before_id="e")) == (["c", "d"], True, "c", "d")
+    assert ids(models_page(names, limit="2", before_id="c")) == (["a", "b"], False, "a", "b")
+    assert ids(models_page(names, before_id="a")) == ([], False, None, None)
+    assert ids(models_page(names, lifecycles=["deprecated", "active"]))[0] == names
+    assert ids(models_page(names, lifecycles=["retired"]))[0] == []
+    assert len(models_page([str(i) for i in range(30)])["data"]) == 20  # Anthropic's default
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        ({"limit": "0"}, "limit"),
+        ({"limit": "1001"}, "limit"),
+        ({"limit": "x"}, "limit"),
+        ({"limit": "٣"}, "limit"),  # an Arabic-Indic digit: isdigit() says yes
+        ({"after_id": "z"}, "after_id"),
+        ({"before_id": "z"}, "before_id"),
+        ({"after_id": "a", "before_id": "b"}, "before_id"),
+        ({"lifecycles": ["gone"]}, "lifecycle"),
+    ],
+)
+def test_a_models_query_out_of_range_is_a_400_naming_it(query: dict[str, Any], param: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        models_page(["a", "b"], **query)
+    assert info.value.param == param
 
 
 def test_count_tokens_requests_and_the_estimate() -> None:

@@ -11,6 +11,7 @@ import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
+from gateway.errors import GatewayError, Unavailable, UpstreamError, UpstreamTimeout
 from gateway.protocol.anthropic_messages_stream import MessagesStream
 from tests.gateway.protocol.chat_stream import DONE, USAGE, chunk, events, pieces
 
@@ -153,7 +154,29 @@ def test_an_upstream_error_becomes_an_error_event() -> None:
     name, data = events(out)[-1]
     assert name == "error"
     assert data == {"type": "error", "error": {"type": "api_error", "message": "boom"}}
-    assert encoder.done and encoder.feed(DONE) == b"" and encoder.fail("x") == b""
+    assert encoder.done and encoder.feed(DONE) == b"" and encoder.fail(UpstreamError("x")) == b""
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (UpstreamError("the connection broke"), "api_error"),
+        (UpstreamTimeout("the upstream stopped sending", code="idle_timeout"), "timeout_error"),
+        (Unavailable("the gateway is shutting down", code="shutting_down"), "overloaded_error"),
+    ],
+)
+def test_the_gateways_failure_is_typed_as_its_json_answer_is(
+    error: GatewayError, kind: str
+) -> None:
+    """The gateway's own failure mid-stream: Anthropic's type for its status, as the JSON
+    answer for the same failure has it."""
+    encoder = MessagesStream("m")
+    told = events(encoder.start() + encoder.feed(chunk({"content": "a"})) + encoder.fail(error))
+    assert told[-1] == (
+        "error",
+        {"type": "error", "error": {"type": kind, "message": error.message}},
+    )
+    assert encoder.done and encoder.failed
 
 
 def test_the_deadline_ends_like_max_tokens() -> None:

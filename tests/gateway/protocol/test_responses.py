@@ -164,6 +164,26 @@ def test_an_assistant_turn_with_text_then_a_call_is_one_chat_message() -> None:
     }
 
 
+def test_text_parts_are_joined_by_a_line_break_as_vllm_and_messages_join_them() -> None:
+    """ "Summarize:" and "The report" were sent as "Summarize:The report"."""
+    two = [{"type": "input_text", "text": "Summarize:"}, {"type": "input_text", "text": "Report"}]
+    said = [{"type": "output_text", "text": "One."}, {"type": "output_text", "text": "Two."}]
+    result = [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]
+    chat = chat_of(
+        input=[
+            {"role": "user", "content": two},
+            {"role": "assistant", "content": said},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": result},
+        ]
+    )
+    assert [m["content"] for m in chat["messages"]] == [
+        "Summarize:\nReport",
+        "One.\nTwo.",
+        "a\nb",
+    ]
+
+
 def test_a_pdf_file_part_becomes_a_chat_file_part() -> None:
     data = "data:application/pdf;base64,JVBERi0x"
     chat = chat_of(
@@ -223,6 +243,11 @@ def test_input_items_are_normalised_with_ids() -> None:
 
 
 TWICE = {"role": "user", "content": "a", "id": "msg_1"}
+TEXT = {"type": "input_text", "text": "shot:"}
+
+
+def tool_output(parts: list[Any]) -> dict[str, Any]:
+    return {"type": "function_call_output", "call_id": "c1", "output": parts}
 
 
 @pytest.mark.parametrize(
@@ -247,6 +272,19 @@ TWICE = {"role": "user", "content": "a", "id": "msg_1"}
         ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
         ({}, "input"),
         ({"input": [TWICE, TWICE]}, "input[1].id"),  # input_items paged a repeated id forever
+        # A chat tool message holds text only: images and files were dropped without a word,
+        # and parts of any shape accepted.
+        (
+            {"input": [tool_output([TEXT, {"type": "input_image", "image_url": "x"}])]},
+            "input[0].output[1]",
+        ),
+        (
+            {"input": [tool_output([{"type": "input_file", "file_data": "x"}])]},
+            "input[0].output[0]",
+        ),
+        ({"input": [tool_output(["str"])]}, "input[0].output[0]"),
+        ({"input": [tool_output([{"type": "bogus"}])]}, "input[0].output[0].type"),
+        ({"input": [tool_output([{"type": "input_text"}])]}, "input[0].output[0].text"),
     ],
 )
 def test_what_cannot_be_served_is_a_400_naming_the_parameter(

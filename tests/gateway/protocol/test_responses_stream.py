@@ -8,6 +8,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from gateway.errors import GatewayError, Unavailable, UpstreamError, UpstreamTimeout
 from gateway.protocol.responses import read_responses_request
 from gateway.protocol.responses_stream import ResponsesStream
 from tests.gateway.protocol.chat_stream import DONE, USAGE, chunk, events, pieces
@@ -156,9 +157,31 @@ def test_the_gateways_deadline_and_a_broken_stream() -> None:
     assert Response.model_validate(told[-1][1]["response"]).output_text == "partial"
     assert stopped.stop() == b""
     broken = ResponsesStream(request, "resp_b")
-    told = events(broken.start() + broken.fail("the upstream connection broke"))
-    assert [n for n, _ in told][-1] == "response.failed"
-    assert broken.fail("again") == b""
+    told = events(broken.start() + broken.fail(UpstreamError("the upstream connection broke")))
+    assert [n for n, _ in told][-2:] == ["error", "response.failed"]
+    assert told[-2][1]["code"] == "bad_gateway"
+    assert broken.fail(UpstreamError("again")) == b""
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (UpstreamTimeout("the upstream stopped sending", code="idle_timeout"), "idle_timeout"),
+        (UpstreamTimeout("past the backend's total_s", code="total_timeout"), "total_timeout"),
+        (Unavailable("the gateway is shutting down", code="shutting_down"), "shutting_down"),
+    ],
+)
+def test_the_gateways_failure_keeps_its_code_and_type(error: GatewayError, code: str) -> None:
+    """The ``error`` event names the code the JSON answer would; the failed Response's error
+    has a code of OpenAI's list (its SDK validates it) and the gateway's error type."""
+    request = read_responses_request({"model": "m", "input": "x", "stream": True})
+    encoder = ResponsesStream(request, "resp_f")
+    told = events(encoder.start() + encoder.feed(chunk({"content": "a"})) + encoder.fail(error))
+    (_, event), (_, failed) = told[-2:]
+    assert (event["code"], event["message"]) == (code, error.message)
+    response = Response.model_validate(failed["response"])
+    assert response.error is not None
+    assert (response.error.code, response.error.type) == ("server_error", error.type)
 
 
 def test_other_choices_are_not_told() -> None:
@@ -182,7 +205,9 @@ def test_streamed_logprobs_come_with_their_deltas() -> None:
 
 def test_interleaved_parallel_calls_keep_every_argument() -> None:
     """An upstream that sends both calls' heads, then their arguments by turns: the first call
-    was closed when the second opened, and its arguments were lost from the final response."""
+    was closed when the second opened, and its arguments were lost from the final response
+    (then, still, from its ``.done`` event). A call whose arguments are not whole JSON stays
+    open until the stream ends."""
 
     def head(index: int, name: str) -> dict[str, Any]:
         call = {"index": index, "id": f"c{index}", "type": "function"}
@@ -204,3 +229,12 @@ def test_interleaved_parallel_calls_keep_every_argument() -> None:
     final = Response.model_validate(told[-1][1]["response"])
     calls = [(i.call_id, i.arguments) for i in final.output if i.type == "function_call"]
     assert calls == [("c0", '{"city": "Paris"}'), ("c1", '{"city": "Rome"}')]
+    done = [d["arguments"] for n, d in told if n == "response.function_call_arguments.done"]
+    assert done == ['{"city": "Paris"}', '{"city": "Rome"}']
+    items = [(n, d["output_index"]) for n, d in told if n.startswith("response.output_item.")]
+    assert items == [
+        ("response.output_item.added", 0),
+        ("response.output_item.added", 1),
+        ("response.output_item.done", 0),
+        ("response.output_item.done", 1),
+    ]

@@ -60,8 +60,10 @@ async def test_the_cascade_holds_the_commit_point_then_hands_the_attempt_over(
     call = make_call(rt, {**QUESTION, "stream": True}, embedder=FixedEmbedder())
     config: Any = rt.policy.models["auto"]
     choice = await rt.tiers.choose(call, config)
-    out = await rt.tiers.cascade(call, choice, AttemptOpener(GatewayMetrics(lambda: [])))
-    assert not out.verdict.escalate and out.held is None
+    opener = AttemptOpener(GatewayMetrics(lambda: []))
+    judged = await rt.tiers.judge(call, choice, opener)
+    out = await rt.tiers.answer(call, choice, judged, opener)
+    assert not judged.escalate and out.held is None
     assert b"tok0" in out.attempt.first and b"tok1" in out.attempt.first  # held, not yet sent
     assert out.headers["x-gateway-tier"] == "small"
     await out.attempt.discard()
@@ -78,10 +80,10 @@ async def test_the_cascade_escalates_and_keeps_nothing_of_the_small_stream(
     assert rt.tiers is not None
     call = make_call(rt, {**QUESTION, "stream": True}, embedder=FixedEmbedder())
     config: Any = rt.policy.models["auto"]
-    out = await rt.tiers.cascade(
-        call, await rt.tiers.choose(call, config), AttemptOpener(GatewayMetrics(lambda: []))
-    )
-    assert out.verdict.escalate and out.attempt.target.pool.name == "large"
+    choice, opener = await rt.tiers.choose(call, config), AttemptOpener(GatewayMetrics(lambda: []))
+    judged = await rt.tiers.judge(call, choice, opener)
+    out = await rt.tiers.answer(call, choice, judged, opener)
+    assert judged.escalate and out.attempt.target.pool.name == "large"
     assert out.attempt.first == b""
     assert rt.pools["small"].replicas[0].outstanding == 0  # the small attempt was discarded
     await out.attempt.discard()
@@ -96,9 +98,8 @@ async def test_whole_mode_reads_the_small_answer_and_keeps_it_as_a_finished_answ
     call = make_call(rt, {**QUESTION, "stream": True}, embedder=FixedEmbedder())
     config: Any = rt.policy.models["auto"]
     started = time.perf_counter()
-    out = await rt.tiers.cascade(
-        call, await rt.tiers.choose(call, config), AttemptOpener(GatewayMetrics(lambda: []))
-    )
+    choice, opener = await rt.tiers.choose(call, config), AttemptOpener(GatewayMetrics(lambda: []))
+    out = await rt.tiers.answer(call, choice, await rt.tiers.judge(call, choice, opener), opener)
     assert out.held is not None and b"#### 51" in out.held
     assert small.fake.requests[-1].body.get("stream") is None  # asked whole
     assert time.perf_counter() - started < 5

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import BadRequest
-from gateway.upstream.providers.anthropic_options import format_tool_name
+from gateway.upstream.providers.anthropic_options import MIN_ANSWER_TOKENS, format_tool_name
 from gateway.upstream.providers.anthropic_request import to_messages_request
 from gateway.upstream.providers.anthropic_response import chat_completion
 from gateway.upstream.providers.anthropic_stream import AnthropicStream
@@ -52,10 +52,10 @@ def test_json_object_is_an_open_schema() -> None:
     assert out["tools"][0]["input_schema"] == {"type": "object"}
 
 
-def test_reasoning_effort_is_a_thinking_budget_added_to_max_tokens() -> None:
-    out = translate(reasoning_effort="medium", max_tokens=500)
+def test_reasoning_effort_is_a_thinking_budget_added_to_the_default_max_tokens() -> None:
+    out = translate(reasoning_effort="medium")
     assert out["thinking"] == {"type": "enabled", "budget_tokens": 8192}
-    assert out["max_tokens"] == 500 + 8192
+    assert out["max_tokens"] == 1000 + 8192  # the backend's default room for the answer, + budget
     assert "thinking" not in translate(reasoning_effort="none")
     with pytest.raises(BadRequest) as info:
         translate(reasoning_effort="medium", temperature=0.2)
@@ -63,6 +63,26 @@ def test_reasoning_effort_is_a_thinking_budget_added_to_max_tokens() -> None:
     with pytest.raises(BadRequest) as info:
         translate(reasoning_effort="huge")
     assert info.value.param == "reasoning_effort"
+
+
+def test_a_limit_bounds_thinking_and_answer_together() -> None:
+    """The client's limit (OpenAI counts reasoning in ``max_completion_tokens``) or the
+    gateway's output cap is never exceeded: the budget shrinks to leave room for an answer,
+    and below Anthropic's least budget thinking is left off."""
+    roomy = translate(reasoning_effort="medium", max_completion_tokens=20000)
+    assert (roomy["max_tokens"], roomy["thinking"]["budget_tokens"]) == (20000, 8192)
+    shrunk = translate(reasoning_effort="high", max_tokens=5000)
+    assert shrunk["max_tokens"] == 5000
+    assert shrunk["thinking"]["budget_tokens"] == 5000 - MIN_ANSWER_TOKENS
+    least = translate(reasoning_effort="low", max_completion_tokens=1024 + MIN_ANSWER_TOKENS)
+    assert least["thinking"]["budget_tokens"] == 1024
+    small = translate(reasoning_effort="low", max_completion_tokens=1023 + MIN_ANSWER_TOKENS)
+    assert "thinking" not in small and small["max_tokens"] == 1023 + MIN_ANSWER_TOKENS
+    body = {"model": "m", "messages": [USER], "reasoning_effort": "high"}
+    capped = to_messages_request(body, "claude", 1000, cap=234)  # cap_output's, for total_ms
+    assert capped["max_tokens"] == 234 and "thinking" not in capped
+    capped = to_messages_request(body, "claude", 1000, cap=3000)
+    assert (capped["max_tokens"], capped["thinking"]["budget_tokens"]) == (3000, 2744)
 
 
 def test_thinking_with_structured_output_asks_instead_of_forcing() -> None:

@@ -268,3 +268,54 @@ def test_provider_builds_the_body_and_refuses_other_endpoints() -> None:
             provider.body(parse_request(endpoint, json.dumps(body).encode()), "claude-x", None)
         assert "answers chat, Responses and Messages requests" in info.value.message
     assert "x-api-key" not in AnthropicProvider("claude", None, 1000).headers
+
+
+CALL: dict[str, Any] = {
+    "id": "toolu_1",
+    "type": "function",
+    "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+}
+SIGNED: dict[str, Any] = {"type": "thinking", "thinking": "Hmm.", "signature": "sig-1"}
+
+
+def test_thinking_blocks_are_the_assistant_turns_first_blocks() -> None:
+    """As answers carry them (LiteLLM's ``thinking_blocks``), signatures kept, in order; a block
+    that cannot go back (no signature, an unknown type) is left out."""
+    redacted = {"type": "redacted_thinking", "data": "opaque"}
+    assistant = {
+        "role": "assistant",
+        "content": "Let me look.",
+        "thinking_blocks": [SIGNED, {"type": "thinking", "thinking": "unsigned"}, redacted, 5],
+        "tool_calls": [CALL],
+    }
+    tool = {"role": "tool", "tool_call_id": "toolu_1", "content": "18C"}
+    out = translate(chat(USER, assistant, tool, reasoning_effort="low"))
+    assert [b["type"] for b in out["messages"][1]["content"]] == [
+        "thinking",
+        "redacted_thinking",
+        "text",
+        "tool_use",
+    ]
+    assert out["messages"][1]["content"][:2] == [SIGNED, redacted]
+    assert out["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+
+
+def test_a_tool_loop_without_its_thinking_block_is_sent_without_thinking() -> None:
+    """Anthropic refuses thinking when the tool loop being continued did not start with its
+    thinking block: that turn goes without (Anthropic allows it); a new user turn thinks."""
+    bare = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    tool = {"role": "tool", "tool_call_id": "toolu_1", "content": "18C"}
+    out = translate(chat(USER, bare, tool, reasoning_effort="low"))
+    assert "thinking" not in out and out["max_tokens"] == 4096
+    signed = {**bare, "thinking_blocks": [SIGNED]}
+    second = {**bare, "tool_calls": [{**CALL, "id": "toolu_2"}]}
+    tool2 = {"role": "tool", "tool_call_id": "toolu_2", "content": "19C"}
+    # The loop's first assistant turn is the one that must start with thinking, not the last.
+    assert "thinking" in translate(chat(USER, signed, tool, second, tool2, reasoning_effort="low"))
+    assert "thinking" not in translate(
+        chat(USER, bare, tool, second, tool2, reasoning_effort="low")
+    )
+    answered = chat(
+        USER, bare, tool, {"role": "assistant", "content": "18C."}, USER, reasoning_effort="low"
+    )
+    assert "thinking" in translate(answered)

@@ -118,7 +118,8 @@ def test_errors_keep_status_and_take_openai_shape() -> None:
 def test_a_200_that_is_no_message_becomes_502() -> None:
     status, body = translate_body(200, b'{"unexpected": true}')
     assert status == 502
-    assert json.loads(body)["error"]["type"] == "upstream_error"
+    error = json.loads(body)["error"]
+    assert (error["type"], error["code"]) == ("upstream_error", "bad_gateway")  # a string code
     ok_status, ok = translate_body(200, json.dumps(MESSAGE).encode())
     assert ok_status == 200 and json.loads(ok)["object"] == "chat.completion"
 
@@ -327,10 +328,28 @@ def test_error_event_mid_stream_raises_with_anthropic_message() -> None:
     out = stream.feed(head)
     assert b"there" in out and b"[DONE]" not in out
     error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    assert stream.feed(sse(error)[:10]) + stream.feed(sse(error)[10:]) == b""
     with pytest.raises(UpstreamStreamError) as info:
-        stream.feed(sse(error)[:10])
-        stream.feed(sse(error)[10:])
+        stream.feed(b"")  # raised once what came before it was read
     assert "overloaded_error" in str(info.value) and "Overloaded" in str(info.value)
+    assert stream.error is info.value
+
+
+def test_an_error_mid_stream_reports_the_usage_anthropic_counted() -> None:
+    """The usage chunk (when asked for) before the error: the prompt as message_start
+    counted it, the output as the larger of Anthropic's count and the chunks sent."""
+    stream = AnthropicStream(include_usage=True)
+    head = text_and_tool_stream().split(b"event: content_block_stop")[0]
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    chunks, done = chunks_of(stream.feed(head + sse(error) + sse({"type": "ping"})))
+    assert not done and chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": 25,
+        "completion_tokens": len(chunks) - 1,  # more than the 1 message_start counted
+        "total_tokens": 25 + len(chunks) - 1,
+        "prompt_tokens_details": {"cached_tokens": 5},
+    }
+    assert stream.error is not None
 
 
 def test_a_stream_cut_before_message_stop_has_no_done() -> None:
@@ -361,3 +380,73 @@ def test_max_tokens_stop_and_thinking_blocks_are_skipped() -> None:
     texts = [c["choices"][0]["delta"].get("content") for c in chunks]
     assert "hmm" not in texts and "ok" in texts
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_streamed_tool_call_without_arguments_has_the_arguments_of_an_empty_object() -> None:
+    """Anthropic streams a tool without parameters as ``input: {}`` then one empty
+    ``partial_json``: the chat stream's arguments must still be JSON, as the whole answer's."""
+    tool = {"type": "tool_use", "id": "toolu_2", "name": "now", "input": {}}
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {**MESSAGE, "content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": tool},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": ""},
+        },
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {}},
+        {"type": "message_stop"},
+    ]
+    chunks, done = chunks_of(AnthropicStream(False).feed(b"".join(sse(e) for e in events)))
+    assembled = assemble(chunks, done=done)
+    assert assembled is not None
+    call = assembled["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"] == {"name": "now", "arguments": "{}"}
+    streamed, _ = chunks_of(AnthropicStream(False).feed(text_and_tool_stream()))
+    fragments = [
+        c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+        for c in streamed
+        if "tool_calls" in c["choices"][0]["delta"]
+    ]
+    assert "".join(fragments) == '{"city": "Paris"}'  # a call with arguments gets nothing more
+
+
+def test_thinking_blocks_come_back_with_their_signatures_whole_and_streamed() -> None:
+    thought = {"type": "thinking", "thinking": "Let me think.", "signature": "sig=="}
+    redacted = {"type": "redacted_thinking", "data": "opaque"}
+    message = {**MESSAGE, "content": [thought, redacted, *MESSAGE["content"]]}
+    reply = chat_completion(message)["choices"][0]["message"]
+    assert reply["reasoning_content"] == "Let me think."
+    assert reply["thinking_blocks"] == [thought, redacted]
+    assert "thinking_blocks" not in chat_completion(MESSAGE)["choices"][0]["message"]
+    opening = {"type": "thinking", "thinking": "", "signature": ""}
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {**MESSAGE, "content": [], "usage": {}}},
+        {"type": "content_block_start", "index": 0, "content_block": opening},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "thinking_delta", "thinking": "Let me "},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "thinking_delta", "thinking": "think."},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "signature_delta", "signature": "sig=="},
+        },
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": redacted},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {}},
+        {"type": "message_stop"},
+    ]
+    chunks, done = chunks_of(AnthropicStream(False).feed(b"".join(sse(e) for e in events)))
+    assert done
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Let me think."
+    assert [b for d in deltas for b in d.get("thinking_blocks", [])] == [thought, redacted]
