@@ -84,7 +84,7 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
 
 class Lease(Protocol):
     """What the request holds while an upstream attempt is open: the replica's load, the
-    connection, the attempt's span (``gateway.upstream.attempts.Attempt``)."""
+    connection, the attempt's span (``gateway.upstream.attempt.Attempt``)."""
 
     def abandon(self) -> str | None:
         """Release what is still held and say where (``backend/replica``); None when the

@@ -34,7 +34,7 @@ from gateway.protocol.anthropic_messages import MessagesRequest, read_messages_r
 from gateway.protocol.openai import Endpoint, ParsedRequest
 from gateway.protocol.responses import read_responses_request, relayed_request
 from gateway.runtime import Destination, Runtime
-from gateway.upstream.attempts import key_refused
+from gateway.upstream.attempt import key_refused
 from gateway.upstream.client import read_capped, rejected_key
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

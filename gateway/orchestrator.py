@@ -41,7 +41,8 @@ from gateway.stages.cache import (
 )
 from gateway.stages.limits import LimitStage, Quota
 from gateway.stages.record import Recorder, Served, Watch, ms_since
-from gateway.upstream.attempts import Attempt, AttemptOpener
+from gateway.upstream.attempt import Attempt
+from gateway.upstream.attempts import AttemptOpener
 from gateway.upstream.relay import ANSWER_STARTED, Relayed, RelayPlan, relay, send_answer
 from routing.admission import AdmissionRejected
 

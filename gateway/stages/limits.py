@@ -43,7 +43,7 @@ from gateway.observability.usage_metrics import UsageMetrics
 from gateway.protocol.openai import Endpoint
 from gateway.protocol.usage import UsageTap, usage_in
 from gateway.runtime import Destination
-from gateway.upstream.attempts import Attempt
+from gateway.upstream.attempt import Attempt
 
 
 @dataclass(slots=True)

@@ -46,7 +46,8 @@ from gateway.protocol import upstream_json
 from gateway.protocol.openai import Endpoint, ParsedRequest
 from gateway.protocol.sse import DONE, EventSplitter, EventTooLong, Framing, payloads
 from gateway.runtime import Destination
-from gateway.upstream.attempts import Attempt, AttemptOpener
+from gateway.upstream.attempt import Attempt
+from gateway.upstream.attempts import AttemptOpener
 from gateway.upstream.relay import read_whole
 from policies.models import TieredModelConfig
 from routing.calibration import wants_large

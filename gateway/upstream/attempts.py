@@ -27,19 +27,16 @@ backend's replicas are independent servers: a 429 from one moves on to another r
 backend (within the one retry), and a replica that asked to wait is left out while another is
 available, as an ejected one is; the 429 is relayed only when no other replica is left.
 
-An ``Attempt`` holds the replica's load guard and the attempt's span until ``finish`` (the
-relay calls it once the answer is sent, whatever its end) or ``discard`` (a losing hedge, an
-escalated cascade's small answer). It is also listed in the request's ``Call.leases`` as it
-opens: one its owner forgot is released when the request ends (and logged as the bug it is).
+What it returns is a ``gateway.upstream.attempt.Attempt`` (the load guard and span until the
+answer ends), listed in the request's ``Call.leases`` as it opens; the body it sends is built
+by ``gateway.upstream.body``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from dataclasses import dataclass
 
 import aiohttp
 
@@ -49,9 +46,10 @@ from gateway.limits.estimate import reserve_tokens
 from gateway.limits.headers import retry_headers
 from gateway.observability.log_every import LogEvery
 from gateway.observability.metrics import GatewayMetrics
-from gateway.observability.tracing import AttemptSpan
 from gateway.protocol.openai import Endpoint
 from gateway.runtime import Destination
+from gateway.upstream.attempt import Attempt, key_refused
+from gateway.upstream.body import upstream_body
 from gateway.upstream.client import (
     AttemptFailed,
     UpstreamRequest,
@@ -61,10 +59,8 @@ from gateway.upstream.client import (
 )
 from gateway.upstream.race import race_first_chunk
 from gateway.upstream.ratelimits import UpstreamLimits, retry_after_s
-from policies.backends import TimeoutConfig
 from routing.admission import VLLM_PRIORITY
 from routing.latency import choose_for_budget
-from routing.output_cap import cap_max_tokens, requested_max_tokens, with_max_tokens
 from routing.pool import BackendPool
 from routing.replica import LoadGuard, Replica
 from routing.router import RoutingDecision, RoutingRequest
@@ -72,110 +68,6 @@ from routing.router import RoutingDecision, RoutingRequest
 log = logging.getLogger("llm_gateway.upstream")
 # A failing replica fails every request sent to it: one line per replica and outcome every 10 s.
 _failures = LogEvery(log)
-
-
-@dataclass(slots=True)
-class Attempt:
-    """An upstream response whose headers arrived (and, for hedged streams, its first chunk)."""
-
-    target: Destination
-    decision: RoutingDecision
-    response: UpstreamResponse  # aiohttp's, or a provider's translating adapter
-    guard: LoadGuard
-    span: AttemptSpan
-    timeouts: TimeoutConfig
-    opened_at: float  # perf_counter when the request was sent
-    first: bytes = b""  # body bytes already read (hedged streams, held cascade chunks)
-    first_at: float | None = None
-    winner: str = "primary"  # or "hedge"
-    hedged: bool = False
-    finished: bool = False
-    capped: bool = False  # the gateway lowered max_tokens (cap_output): not the client's answer
-    # Set by whoever reads the answer when the replica failed it after its headers (a broken or
-    # silent stream, an unreadable body; ``fail``): ``finish`` counts it against the replica's
-    # health, and it is the attempt's outcome (``failed_as``).
-    failure: str | None = None
-    failed_as: str = ""
-    metrics: GatewayMetrics | None = None  # counts the attempt's outcome when it ends
-
-    def fail(self, outcome: str, why: str) -> None:
-        """The replica failed the answer after its headers: ``outcome`` (idle_timeout,
-        answer_broken, stream_error, bad_answer) is the attempt's span outcome and metric label,
-        ``why`` the health record's reason."""
-        self.failure = why
-        self.failed_as = outcome
-
-    @property
-    def total_deadline(self) -> float:
-        """perf_counter past which ``timeouts.total_s`` ends the answer."""
-        return self.opened_at + self.timeouts.total_s
-
-    def finish(self, ok: bool) -> None:
-        """The answer was relayed (or failed): release the replica's load, end the span, and
-        tell the replica's health what happened: a ``failure`` counts against it, a complete
-        answer (``ok``) for it. Health is settled here, at the answer's end, not when its
-        headers came: a replica that sends headers and then fails every answer is ejected."""
-        if not self.finished:
-            self.finished = True
-            self.guard.release()
-            replica = self.decision.replica
-            if self.failure is not None:
-                replica.record_failure(self.failure, self.target.upstream_model)
-            elif ok:
-                replica.record_success(self.target.upstream_model)
-            self._end(self._outcome(ok))
-
-    def abandon(self) -> str | None:
-        """The request ended with this attempt still open (``gateway.call.Leases``): close and
-        release it, and say where it was; None when its owner had finished it."""
-        if self.finished:
-            return None
-        self._close("abandoned")
-        return f"{self.target.pool.name}/{self.decision.replica.name}"
-
-    async def discard(self) -> None:
-        """Close a losing or abandoned attempt: the replica sees the connection go."""
-        self._close("lost")
-
-    def _close(self, outcome: str) -> None:
-        """Close the connection; release the load and end the span ``outcome`` (a status the
-        upstream refused with wins) unless done."""
-        self.response.close()
-        if not self.finished:
-            self.finished = True
-            self.guard.release()
-            self._end(outcome if self.response.status < 400 else self._outcome(False))
-
-    def _outcome(self, ok: bool) -> str:
-        """What became of the attempt, as its span and ``llm_gateway_upstream_attempts_total``
-        say it: the replica's failure, else the status it refused with, else ok (won, for a
-        hedged request), else incomplete (the client left, a time or size limit of ours)."""
-        if self.failure is not None:
-            return self.failed_as
-        status = self.response.status
-        if status >= 400:
-            return "http_429" if status == 429 else ("http_5xx" if status >= 500 else "http_4xx")
-        if ok:
-            return "won" if self.hedged else "ok"
-        return "incomplete"
-
-    def _end(self, outcome: str) -> None:
-        """Counted when the attempt ends (not when its headers came: a stream that breaks
-        after them is the replica's failure, as its health counts it)."""
-        self.span.end(outcome, self.response.status)
-        if self.metrics is not None:
-            backend, replica = self.target.pool.name, self.decision.replica.name
-            self.metrics.attempt(backend, replica, "ok" if outcome == "won" else outcome)
-
-
-def key_refused(backend: str, failure: AttemptFailed) -> UpstreamError:
-    """What the caller gets when a backend refused the gateway's own key (a 502: not the
-    caller's key, nor its fault), once the operator is told in an ERROR line."""
-    log.error("backend %s refused the gateway's API key: %s", backend, failure)
-    return UpstreamError(
-        f"{failure.public} (backend '{backend}'); the operator is told",
-        code="upstream_auth_failed",
-    )
 
 
 class AttemptOpener:
@@ -409,7 +301,7 @@ class AttemptOpener:
         is_hedge: bool,
     ) -> Attempt:
         pool, replica, provider = target.pool, decision.replica, target.provider
-        body, capped = self._body(call, target, replica)  # a provider may refuse it (400)
+        body, capped = upstream_body(call, target, replica)  # a provider may refuse it (400)
         span = call.span.attempt(
             base_url=replica.base_url,
             upstream_model=target.upstream_model,
@@ -479,33 +371,6 @@ class AttemptOpener:
         # success is recorded, and the attempt counted, when the answer ends (``Attempt.finish``).
         call.leases.add(attempt)  # open: its owner finishes it (else the request's end does)
         return attempt
-
-    def _body(self, call: Call, target: Destination, replica: Replica) -> tuple[bytes, bool]:
-        """The upstream's request body, and whether ``cap_output`` lowered its max_tokens."""
-        parsed, plan, rt = call.parsed, call.plan, call.rt
-        total_ms = plan.budget.total_ms
-        cap = None
-        if plan.actions.cap_output and total_ms is not None and parsed.endpoint.generates:
-            cap = cap_max_tokens(
-                total_ms=total_ms,
-                elapsed_ms=(time.perf_counter() - call.started) * 1000,
-                ttft_ms=rt.latency.predict(replica) or 0.0,
-                itl_ms=rt.latency.itl_ms(replica.base_url),
-                requested=requested_max_tokens(parsed.body),
-            )
-            if cap is not None:
-                call.span.decision({"output_cap": cap})
-        if target.provider is not None:
-            return target.provider.body(parsed, target.upstream_model, cap), cap is not None
-        continues = parsed.continues and target.pool.settings.kind == "vllm"
-        if cap is None and not continues:
-            return parsed.body_for(target.upstream_model), False
-        body = {**parsed.body, "model": target.upstream_model}
-        if cap is not None:
-            body = with_max_tokens(body, cap)
-        if continues:  # vLLM opens a new assistant turn unless told to continue the last one
-            body.update(continue_final_message=True, add_generation_prompt=False)
-        return json.dumps(body).encode(), cap is not None
 
 
 _NOT_ITS_HEALTH = frozenset(("rejected_key", "no_connection"))

@@ -240,7 +240,7 @@ async def open_upstream(
 def rejected_key(replica: str, status: int) -> AttemptFailed:
     """A 401/403. The caller's key never travels upstream: it refuses the gateway's own (or its
     lack of one). Not the caller's fault (a 502 for the caller, an error for the operator:
-    ``gateway.upstream.attempts.key_refused``), not the replica's health, and no other replica
+    ``gateway.upstream.attempt.key_refused``), not the replica's health, and no other replica
     will take it either."""
     return AttemptFailed(
         "rejected_key", f"{replica} answered {status}: the backend's API key was refused", False

@@ -53,7 +53,7 @@ from aiohttp import web
 from gateway.errors import Unavailable, UpstreamError, UpstreamTimeout, stopping
 from gateway.protocol.answers import render_sse
 from gateway.protocol.sse import MAX_EVENT_BYTES, EventTooLong, Framing
-from gateway.upstream.attempts import Attempt
+from gateway.upstream.attempt import Attempt
 from gateway.upstream.client import (
     AnswerTooLarge,
     UpstreamResponse,

@@ -19,7 +19,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from bench.fake_upstream import site_port
 from gateway.observability.metrics import GatewayMetrics
 from gateway.protocol.answers import render_json
-from gateway.upstream.attempts import Attempt, AttemptOpener
+from gateway.upstream.attempt import Attempt
+from gateway.upstream.attempts import AttemptOpener
 from gateway.upstream.relay import Relayed, RelayPlan, relay, response_headers, send_answer
 from tests.conftest import FakeFactory, build_policy, vllm
 from tests.gateway.conftest import RuntimeFactory, make_call
