@@ -41,9 +41,9 @@ from typing import Any
 
 from gateway.errors import BadRequest
 from gateway.protocol import strict_json
+from gateway.protocol.responses_params import chat_params
 
 _ROLES = frozenset({"user", "system", "developer", "assistant"})
-_TOOL_CHOICES = frozenset({"none", "auto", "required"})
 _REJECTED = {
     "conversation": "'conversation' objects are not supported: use previous_response_id",
     "prompt": "prompt templates ('prompt') are not supported",
@@ -130,7 +130,7 @@ def read_responses_request(body: dict[str, Any]) -> ResponsesRequest:
     items = _items(body.get("input"))
     if not items and previous is None:
         raise BadRequest("'input' is required", param="input")
-    params = _params(body)
+    params = chat_params(body)
     echo = {
         name: body[name]
         for name in ("metadata", "reasoning", "text", "truncation", "user", "tool_choice")
@@ -357,114 +357,3 @@ def _chat_message(role: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
         # parts joined by a line break, as vLLM joins a list's text parts and Messages does.
         return {"role": role, "content": "\n".join(p["text"] for p in chat_parts)}
     return {"role": role, "content": chat_parts}
-
-
-# --- other parameters ------------------------------------------------------------------------
-
-
-def _params(body: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    tools = body.get("tools")
-    if tools:
-        out["tools"] = _tools(tools)
-    choice = body.get("tool_choice")
-    if choice is not None:
-        out["tool_choice"] = _tool_choice(choice)
-    if isinstance(body.get("parallel_tool_calls"), bool) and tools:
-        out["parallel_tool_calls"] = body["parallel_tool_calls"]
-    fmt = _response_format(body.get("text"))
-    if fmt is not None:
-        out["response_format"] = fmt
-    limit = body.get("max_output_tokens")
-    if limit is not None:
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise BadRequest(
-                "'max_output_tokens' must be a positive integer", param="max_output_tokens"
-            )
-        out["max_completion_tokens"] = limit
-    for name in ("temperature", "top_p"):
-        value = body.get(name)
-        if value is not None:
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise BadRequest(f"'{name}' must be a number", param=name)
-            out[name] = value
-    top = body.get("top_logprobs")
-    if isinstance(top, int) and not isinstance(top, bool) and top > 0:
-        out["logprobs"] = True
-        out["top_logprobs"] = top
-    reasoning = body.get("reasoning")
-    if reasoning is not None and not isinstance(reasoning, dict):
-        raise BadRequest("'reasoning' must be an object", param="reasoning")
-    if reasoning and isinstance(reasoning.get("effort"), str):
-        out["reasoning_effort"] = reasoning["effort"]
-    user = body.get("user") or body.get("safety_identifier")
-    if isinstance(user, str) and user:
-        out["user"] = user
-    return out
-
-
-def _tools(tools: Any) -> list[dict[str, Any]]:
-    if not isinstance(tools, list):
-        raise BadRequest("'tools' must be an array", param="tools")
-    out = []
-    for k, tool in enumerate(tools):
-        where = f"tools[{k}]"
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function":
-            raise BadRequest(
-                f"tools of type {kind!r} are not supported: only function tools are",
-                param=f"{where}.type",
-            )
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise BadRequest(f"'{where}.name' is required", param=f"{where}.name")
-        function: dict[str, Any] = {"name": tool["name"]}
-        if isinstance(tool.get("description"), str):
-            function["description"] = tool["description"]
-        parameters = tool.get("parameters")
-        function["parameters"] = (
-            parameters if isinstance(parameters, dict) else {"type": "object", "properties": {}}
-        )
-        if isinstance(tool.get("strict"), bool):
-            function["strict"] = tool["strict"]
-        out.append({"type": "function", "function": function})
-    return out
-
-
-def _tool_choice(choice: Any) -> Any:
-    if isinstance(choice, str) and choice in _TOOL_CHOICES:
-        return choice
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        name = choice.get("name")
-        if isinstance(name, str) and name:
-            return {"type": "function", "function": {"name": name}}
-    raise BadRequest(
-        '\'tool_choice\' must be none, auto, required or {"type": "function", "name": ...}',
-        param="tool_choice",
-    )
-
-
-def _response_format(text: Any) -> dict[str, Any] | None:
-    if text is None:
-        return None
-    if not isinstance(text, dict):
-        raise BadRequest("'text' must be an object", param="text")
-    fmt = text.get("format")
-    if fmt is None:
-        return None
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "json_object"}
-    if kind == "json_schema":
-        assert isinstance(fmt, dict)
-        if not isinstance(fmt.get("schema"), dict):
-            raise BadRequest("'text.format.schema' must be an object", param="text.format.schema")
-        schema: dict[str, Any] = {"name": fmt.get("name") or "response", "schema": fmt["schema"]}
-        for name in ("description", "strict"):
-            if fmt.get(name) is not None:
-                schema[name] = fmt[name]
-        return {"type": "json_schema", "json_schema": schema}
-    raise BadRequest(
-        "'text.format.type' must be text, json_object or json_schema", param="text.format"
-    )
