@@ -33,7 +33,12 @@ from gateway.protocol.relayed import (
     messages_error,
     responses_error,
 )
-from gateway.protocol.responses import ResponsesRequest, input_messages, new_id
+from gateway.protocol.responses import (
+    ResponsesRequest,
+    carries_thinking,
+    input_messages,
+    new_id,
+)
 from gateway.protocol.responses_output import from_chat_completion
 from gateway.protocol.responses_stream import ResponsesStream
 from gateway.upstream.out import ClientStream
@@ -53,14 +58,14 @@ def _retold(body: bytes, translate: Callable[[Any], dict[str, Any]]) -> dict[str
 
 
 def chat_request(
-    chat: dict[str, Any], model: str, stream: bool, continues: bool = False
+    chat: dict[str, Any], model: str, stream: bool, continues: bool = False, thinking: bool = False
 ) -> ParsedRequest:
     """The translated request, with the user's text by the chat endpoint's own rule: the
     semantic cache matches it and the difficulty estimator scores it, as for a chat request
     (without it a Messages or Responses question was only ever an exact hit)."""
     text = user_text(Endpoint.CHAT, chat)
     raw = json.dumps(chat).encode()
-    return ParsedRequest(Endpoint.CHAT, raw, chat, model, stream, text, continues)
+    return ParsedRequest(Endpoint.CHAT, raw, chat, model, stream, text, continues, thinking)
 
 
 @dataclass(slots=True)
@@ -82,7 +87,10 @@ class ResponsesCall:
             self.parsed = self.passthrough
         else:
             chat = self.request.chat_body(self.history)
-            self.parsed = chat_request(chat, self.request.model, self.request.stream)
+            thinking = carries_thinking(chat["messages"])
+            self.parsed = chat_request(
+                chat, self.request.model, self.request.stream, False, thinking
+            )
 
     def render(self, status: int, body: bytes) -> tuple[int, bytes]:
         if status == 200 and self.passthrough is not None:
@@ -121,8 +129,8 @@ class ResponsesCall:
         final = self.final
         if final is None:
             return
-        output = [item for item in final["output"] if item.get("type") != "reasoning"]
-        messages = [*self.history, *self.request.messages, *input_messages(output)]
+        # Reasoning is kept only as the signed thinking an Anthropic backend needs back.
+        messages = [*self.history, *self.request.messages, *input_messages(final["output"])]
         await self._put(StoredResponse(final, self.request.items, messages, self.tenant))
 
     async def _put(self, record: StoredResponse) -> None:

@@ -50,6 +50,9 @@ class ParsedRequest:
     # The last message is the start of the assistant's answer (Anthropic's prefill): the model
     # continues it. A vLLM backend is told so (``continue_final_message``); see ``_body``.
     continues: bool = False
+    # Assistant messages carry signed thinking (``thinking_blocks``, from a Responses request's
+    # reasoning items): an Anthropic backend reads them, others are sent the messages without.
+    thinking: bool = False
 
     def body_for(self, upstream_model: str) -> bytes:
         """The bytes to send upstream: the client's own bytes unless the model is renamed."""

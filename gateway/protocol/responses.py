@@ -8,8 +8,10 @@ What maps, field by field:
   ``function_call`` items (consecutive ones become the ``tool_calls`` of one assistant message)
   and ``function_call_output`` items (``tool`` messages: ``input_text`` parts only, as a chat
   tool message holds text). A message's text parts are joined by a line break, as vLLM joins
-  them and Messages does. ``reasoning`` items are left out: the chat API has no way to send
-  reasoning back.
+  them and Messages does. ``reasoning`` items are left out (the chat API has no way to send
+  reasoning back), except the signed thinking an Anthropic backend gave, which the gateway
+  sealed in ``encrypted_content``: it becomes the next assistant message's ``thinking_blocks``
+  (``gateway.protocol.thinking``), sent to Anthropic backends only.
 - ``instructions``: a leading system message (not carried over by ``previous_response_id``,
   as OpenAI documents);
 - ``tools``: function tools (``name``, ``description``, ``parameters``, ``strict``);
@@ -42,6 +44,7 @@ from typing import Any
 from gateway.errors import BadRequest
 from gateway.protocol import strict_json
 from gateway.protocol.responses_params import chat_params
+from gateway.protocol.thinking import unseal
 
 _ROLES = frozenset({"user", "system", "developer", "assistant"})
 _REJECTED = {
@@ -302,10 +305,16 @@ def _parts(content: Any, role: str, where: str) -> list[dict[str, Any]]:
 
 
 def input_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chat messages for normalised Responses items (input or output items alike)."""
+    """Chat messages for normalised Responses items (input or output items alike). A
+    reasoning item's signed thinking (``gateway.protocol.thinking``) goes on the assistant
+    message that follows it, as ``thinking_blocks``; other reasoning is left out."""
     messages: list[dict[str, Any]] = []
+    thinking: list[dict[str, Any]] = []  # signed blocks waiting for their assistant turn
     for item in items:
         kind = item["type"]
+        if kind == "reasoning":
+            thinking.extend(unseal(item.get("encrypted_content")))
+            continue
         if kind == "message":
             messages.append(_chat_message(item["role"], item["content"]))
         elif kind == "function_call":
@@ -330,7 +339,17 @@ def input_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     if isinstance(p, dict) and isinstance(p.get("text"), str)
                 )
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
+        if thinking:
+            last = messages[-1]
+            if last["role"] == "assistant" and "thinking_blocks" not in last:
+                last["thinking_blocks"] = thinking
+            thinking = []  # a turn of another role came first: they belonged to no answer
     return messages
+
+
+def carries_thinking(messages: list[dict[str, Any]]) -> bool:
+    """Some assistant message carries signed thinking: only an Anthropic backend reads it."""
+    return any("thinking_blocks" in m for m in messages if m["role"] == "assistant")
 
 
 def _chat_message(role: str, parts: list[dict[str, Any]]) -> dict[str, Any]:

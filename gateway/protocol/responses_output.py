@@ -2,7 +2,8 @@
 
 One chat choice becomes the output items, in the order a Responses model produces them: a
 ``reasoning`` item (from ``reasoning_content`` / ``reasoning``, when the backend returns its
-reasoning), a ``message`` item (``output_text``, or a ``refusal`` part), then one
+reasoning; signed ``thinking_blocks`` sealed in its ``encrypted_content``:
+``gateway.protocol.thinking``), a ``message`` item (``output_text``, or a ``refusal`` part), then one
 ``function_call`` item per tool call (``arguments`` an upstream sent as a JSON object, as HF
 TGI does, become that object's JSON text). ``finish_reason: length`` makes the response
 ``incomplete`` with ``incomplete_details.reason: max_output_tokens`` (``content_filter`` the
@@ -22,6 +23,7 @@ from typing import Any
 
 from gateway.protocol.answers import arguments_text
 from gateway.protocol.responses import ResponsesRequest, new_id
+from gateway.protocol.thinking import seal, signed_blocks
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -68,14 +70,23 @@ def reasoning_text(message: Mapping[str, Any]) -> str | None:
     return None
 
 
-def reasoning_item(text: str, id_: str | None = None, status: str = "completed") -> dict[str, Any]:
-    return {
+def reasoning_item(
+    text: str,
+    id_: str | None = None,
+    status: str = "completed",
+    blocks: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A reasoning item; ``blocks`` (signed thinking) sealed in its ``encrypted_content``."""
+    item: dict[str, Any] = {
         "id": id_ or new_id("rs"),
         "type": "reasoning",
         "summary": [],
-        "content": [{"type": "reasoning_text", "text": text}],
+        "content": [{"type": "reasoning_text", "text": text}] if text else [],
         "status": status,
     }
+    if blocks:
+        item["encrypted_content"] = seal(blocks)
+    return item
 
 
 def logprobs(choice_logprobs: Any) -> list[dict[str, Any]]:
@@ -138,8 +149,9 @@ def function_call_item(
 def output_items(message: Mapping[str, Any], choice_logprobs: Any = None) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     reasoning = reasoning_text(message)
-    if reasoning is not None:
-        items.append(reasoning_item(reasoning))
+    blocks = signed_blocks(message.get("thinking_blocks"))
+    if reasoning is not None or blocks:
+        items.append(reasoning_item(reasoning or "", blocks=blocks))
     content = message.get("content")
     text = content if isinstance(content, str) else ""
     refusal = message.get("refusal") if isinstance(message.get("refusal"), str) else None

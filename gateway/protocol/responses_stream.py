@@ -7,7 +7,8 @@ bytes they add up to (``event: <type>`` and ``data: <json>``, every event number
 ``response.created``, ``response.in_progress`` (``start``); then, for each output item in
 order, ``response.output_item.added``, its content (a message: ``response.content_part.added``,
 ``response.output_text.delta``... ``response.output_text.done``, ``response.content_part.done``;
-a refusal the same with ``response.refusal.*``; reasoning with ``response.reasoning_text.*``;
+a refusal the same with ``response.refusal.*``; reasoning with ``response.reasoning_text.*``
+and, when the backend signed it, ``encrypted_content`` in the item's ``output_item.done``;
 a tool call: ``response.function_call_arguments.delta``... ``.done``) and
 ``response.output_item.done``; at ``[DONE]``, ``response.completed`` (``response.incomplete``
 when the model stopped at its token limit) with the whole Response and its usage. An item is
@@ -45,6 +46,7 @@ from gateway.protocol.responses_output import (
     skeleton,
 )
 from gateway.protocol.sse import encode_named
+from gateway.protocol.thinking import signed_blocks
 
 
 @dataclass(slots=True)
@@ -58,6 +60,7 @@ class _Item:
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # the open part's tokens
     done_parts: list[dict[str, Any]] = field(default_factory=list)
     call_id: str = ""
+    blocks: list[dict[str, Any]] = field(default_factory=list)  # a reasoning item's signed ones
     name: str = ""
 
 
@@ -135,6 +138,12 @@ class ResponsesStream:
             if isinstance(text, str) and text:
                 self._text(out, "reasoning", "reasoning_text", text)
                 break
+        blocks = signed_blocks(delta.get("thinking_blocks"))
+        if blocks:  # a thinking block ended: its signature, kept with the reasoning item
+            item = self._open
+            if item is None or item.kind != "reasoning":
+                item = self._open_item(out, "reasoning")
+            item.blocks.extend(blocks)
         content = delta.get("content")
         if isinstance(content, str) and content:
             self._text(out, "message", "output_text", content, tokens)
@@ -272,7 +281,8 @@ class ResponsesStream:
             if item.kind == "message":
                 final = {**message_item("", None, item.id, status), "content": item.done_parts}
             else:
-                final = {**reasoning_item("", item.id, status), "content": item.done_parts}
+                final = reasoning_item("", item.id, status, item.blocks)
+                final["content"] = item.done_parts
         self._output[item.index] = final
         self._emit(out, "response.output_item.done", output_index=item.index, item=final)
         if self._open is item:

@@ -1,11 +1,13 @@
 """The body an attempt sends upstream: the caller's, for the target's model, with the
 surface's output cap (``cap_output``: ``max_tokens`` lowered so the answer fits ``total_ms``),
-vLLM's continuation of a prefilled assistant turn, or a provider's translation."""
+vLLM's continuation of a prefilled assistant turn, without signed thinking (Anthropic's only),
+or a provider's translation."""
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from gateway.call import Call
 from gateway.runtime import Destination
@@ -31,11 +33,19 @@ def upstream_body(call: Call, target: Destination, replica: Replica) -> tuple[by
     if target.provider is not None:
         return target.provider.body(parsed, target.upstream_model, cap), cap is not None
     continues = parsed.continues and target.pool.settings.kind == "vllm"
-    if cap is None and not continues:
+    if cap is None and not continues and not parsed.thinking:
         return parsed.body_for(target.upstream_model), False
     body = {**parsed.body, "model": target.upstream_model}
+    if parsed.thinking:  # signed thinking is Anthropic's: no other API takes it in a message
+        body["messages"] = [_without_thinking(m) for m in body["messages"]]
     if cap is not None:
         body = with_max_tokens(body, cap)
     if continues:  # vLLM opens a new assistant turn unless told to continue the last one
         body.update(continue_final_message=True, add_generation_prompt=False)
     return json.dumps(body).encode(), cap is not None
+
+
+def _without_thinking(message: dict[str, Any]) -> dict[str, Any]:
+    if "thinking_blocks" not in message:
+        return message
+    return {k: v for k, v in message.items() if k != "thinking_blocks"}

@@ -247,26 +247,91 @@ async def test_a_tool_loop_without_its_thinking_block_goes_on_without_thinking(
     assert up.fake.requests[-1].body["thinking"]["type"] == "enabled"
 
 
-async def test_a_stored_responses_tool_loop_with_reasoning_continues(
+RESPONSES_TOOLS: Any = [
+    {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+]
+
+
+def sent_thinking(up: Any) -> tuple[Any, Any]:
+    """What the fake Anthropic API got last: its ``thinking`` and the assistant turn's first
+    block."""
+    body = up.fake.requests[-1].body
+    return body.get("thinking"), body["messages"][1]["content"][0]
+
+
+async def test_a_stored_responses_tool_loop_keeps_its_signed_thinking(
     make_anthropic: AnthropicFactory, make_gateway: GatewayFactory
 ) -> None:
-    """previous_response_id: the stored conversation keeps no signature, so the turn that sends
-    the tool's output goes without thinking rather than be refused."""
+    """previous_response_id: the stored conversation keeps the signed thinking block (sealed
+    in the reasoning item), so the turn that sends the tool's output goes on thinking.
+    Before: the signature was dropped and that turn went without thinking."""
     up = await make_anthropic()
     gw = await make_gateway(anthropic_policy(up.url))
-    tools: Any = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    for stream in (False, True):
+        up.fake.queue("tool_use")
+        first: Any
+        if stream:
+            async with gw.client.responses.stream(
+                model="c", input="Weather?", tools=RESPONSES_TOOLS, reasoning={"effort": "low"}
+            ) as events:
+                first = await events.get_final_response()
+        else:
+            first = await gw.client.responses.create(
+                model="c", input="Weather?", tools=RESPONSES_TOOLS, reasoning={"effort": "low"}
+            )
+        (reasoning,) = [item for item in first.output if item.type == "reasoning"]
+        assert reasoning.encrypted_content  # opaque to the client
+        (call,) = [item for item in first.output if item.type == "function_call"]
+        output: Any = [{"type": "function_call_output", "call_id": call.call_id, "output": "18C"}]
+        second = await gw.client.responses.create(
+            model="c",
+            previous_response_id=first.id,
+            input=output,
+            tools=RESPONSES_TOOLS,
+            reasoning={"effort": "low"},
+        )
+        assert second.output_text == "The tool said: 18C"
+        thinking, block = sent_thinking(up)
+        assert thinking["type"] == "enabled"
+        assert block["type"] == "thinking" and block["thinking"] == "Let me think."
+    assert up.fake.problems == []  # every signature sent back was the one the fake gave
+
+
+async def test_a_stateless_responses_tool_loop_sends_its_reasoning_items_back(
+    make_anthropic: AnthropicFactory, make_gateway: GatewayFactory
+) -> None:
+    """store: false, the client sends the output items back as input (the Responses API's
+    stateless loop): the reasoning item's encrypted_content brings the signed block back. A
+    reasoning item that is not the gateway's (another provider's encrypted_content) is left
+    out, and the turn goes without thinking rather than be refused."""
+    up = await make_anthropic()
+    gw = await make_gateway(anthropic_policy(up.url))
     up.fake.queue("tool_use")
     first = await gw.client.responses.create(
-        model="c", input="Weather?", tools=tools, reasoning={"effort": "low"}
+        model="c", input="Weather?", tools=RESPONSES_TOOLS, reasoning={"effort": "low"}, store=False
     )
     (call,) = [item for item in first.output if item.type == "function_call"]
-    output: Any = [{"type": "function_call_output", "call_id": call.call_id, "output": "18C"}]
+    ask: Any = [{"role": "user", "content": "Weather?"}]
+    low: Any = {"effort": "low"}
+    result: Any = {"type": "function_call_output", "call_id": call.call_id, "output": "18C"}
+    items: Any = [item.model_dump(exclude_none=True) for item in first.output]
     second = await gw.client.responses.create(
         model="c",
-        previous_response_id=first.id,
-        input=output,
-        tools=tools,
-        reasoning={"effort": "low"},
+        input=[*ask, *items, result],
+        tools=RESPONSES_TOOLS,
+        reasoning=low,
+        store=False,
     )
     assert second.output_text == "The tool said: 18C"
+    thinking, block = sent_thinking(up)
+    assert thinking["type"] == "enabled" and block["signature"] == "sig-fake-1"
+    foreign: Any = [
+        {**item, "encrypted_content": "gAAAAB-not-ours"} if item["type"] == "reasoning" else item
+        for item in items
+    ]
+    await gw.client.responses.create(
+        model="c", input=[*ask, *foreign, result], tools=RESPONSES_TOOLS, reasoning=low
+    )
+    thinking, block = sent_thinking(up)
+    assert thinking is None and block["type"] != "thinking"
     assert up.fake.problems == []

@@ -14,6 +14,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from gateway.protocol.thinking import seal
 from tests.cache.conftest import RedisServer
 from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy, vllm
 from tests.e2e.anthropic_fake import API_KEY, FakeAnthropic, start_fake_anthropic
@@ -110,6 +111,29 @@ async def test_a_function_tool_round_trip(
     assert messages[0] == {"role": "user", "content": "Weather in Paris?"}
     assert messages[1]["tool_calls"][0]["id"] == call.call_id
     assert messages[2] == {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}
+
+
+async def test_signed_thinking_is_sent_to_no_backend_but_anthropic(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """A reasoning item holding an Anthropic backend's signed thinking, sent to a vLLM (or any
+    OpenAI-compatible) backend: the chat messages go without ``thinking_blocks``, a field the
+    OpenAI API refuses in a message; the tool loop itself is relayed whole."""
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url]))
+    block = {"type": "thinking", "thinking": "Let me think.", "signature": "sig-1"}
+    items: Any = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": seal([block])},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+    ]
+    answer = await gw.client.responses.create(model="m", input=items, tools=[WEATHER])
+    assert answer.output_text == "hello from the fake upstream"
+    messages = up.fake.requests[-1].body["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert messages[1]["tool_calls"][0]["id"] == "call_1"
+    assert all("thinking_blocks" not in m for m in messages)
 
 
 async def test_a_streamed_function_call(

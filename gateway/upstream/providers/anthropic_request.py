@@ -31,13 +31,13 @@ from typing import Any
 
 from gateway.errors import BadRequest
 from gateway.protocol import upstream_json
+from gateway.protocol.thinking import signed_blocks
 from gateway.upstream.providers.anthropic_options import (
     document,
     structured_output,
     thinking,
     with_cache_marker,
 )
-from gateway.upstream.providers.anthropic_response import thinking_block
 
 _THINKING_TYPES = ("thinking", "redacted_thinking")
 _IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
@@ -232,7 +232,7 @@ def _image(image: Any, where: str) -> dict[str, Any]:
 
 def _assistant_blocks(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
     blocks = [
-        *_thinking_blocks(message.get("thinking_blocks")),
+        *signed_blocks(message.get("thinking_blocks")),
         *_text_blocks(message.get("content"), where),
     ]
     calls = message.get("tool_calls")
@@ -243,25 +243,6 @@ def _assistant_blocks(message: dict[str, Any], where: str) -> list[dict[str, Any
     for k, call in enumerate(calls):
         blocks.append(_tool_use(call, f"{where}.tool_calls[{k}]"))
     return blocks
-
-
-def _thinking_blocks(given: Any) -> list[dict[str, Any]]:
-    """The signed thinking blocks an answer carried, as Anthropic sent them; a block that
-    cannot be sent back (no signature, not Anthropic's) is left out."""
-    blocks = []
-    for block in given if isinstance(given, list) else ():
-        if not isinstance(block, dict):
-            continue
-        kind = block.get("type")
-        if kind == "thinking" and _strings(block, "thinking", "signature") and block["signature"]:
-            blocks.append(thinking_block(block["thinking"], block["signature"]))
-        elif kind == "redacted_thinking" and _strings(block, "data"):
-            blocks.append({"type": "redacted_thinking", "data": block["data"]})
-    return blocks
-
-
-def _strings(block: dict[str, Any], *names: str) -> bool:
-    return all(isinstance(block.get(name), str) for name in names)
 
 
 def _unsigned_tool_loop(turns: list[dict[str, Any]]) -> bool:
