@@ -72,8 +72,14 @@ def _is_typo(x: Token, y: Token, lexicon: Lexicon) -> bool:
         return False  # two real words: a substitution, never a typo
     if not (known_a or known_b):
         return False  # two names a letter apart: "argmax"/"argmin", "Novolog"/"Novolin"
-    if _named(y if known_a else x):
+    unknown = y if known_a else x
+    if _named(unknown):
         return False  # "Pydantic" against "pedantic": a name, not a misspelt word
+    if unknown.position == 0 and unknown.surface[:1].isupper() and sorted(a) != sorted(b):
+        # The text's first word: its capital says nothing, a name looks like a misspelt word
+        # ("Gradle builds" / "Grade builds"); only two letters swapped ("Tranlsate") read as
+        # a typo there.
+        return False
     if prefix_contrast(a, b):
         return False  # "subscribe" / "unsubscribe": an opposite, not a typo
     limit = 1 if min(len(a), len(b)) < 6 else 2
