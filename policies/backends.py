@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 from yarl import URL
 
 from policies import redact
@@ -87,6 +87,9 @@ class _BackendBase(Strict):
     rate_limit_wait_s: float = Field(2.0, ge=0, le=300)
 
 
+# Checked item by item, so that a bad URL's error names its own line.
+ReplicaUrl = Annotated[str, AfterValidator(_check_url)]
+
 # Which client sends a vLLM backend's requests to its http:// replicas: the gateway's own lean
 # HTTP/1.1 client (routing/http1.py), or aiohttp's (https replicas always use aiohttp's).
 HttpClient = Literal["lean", "aiohttp"]
@@ -98,7 +101,7 @@ ResponsesMode = Literal["translate", "passthrough"]
 
 class VllmBackend(_BackendBase):
     kind: Literal["vllm"]
-    replicas: list[str] = Field(min_length=1)
+    replicas: list[ReplicaUrl] = Field(min_length=1)
     api_key: str | None = None  # vLLM's --api-key, if the replicas require one
     discover_models: bool = True  # expose every model the replicas list under its own name
     health: HealthConfig = HealthConfig()
@@ -109,10 +112,9 @@ class VllmBackend(_BackendBase):
     @field_validator("replicas")
     @classmethod
     def _urls(cls, value: list[str]) -> list[str]:
-        urls = [_check_url(v) for v in value]
-        if len(set(urls)) != len(urls):
+        if len(set(value)) != len(value):
             raise ValueError("replica URLs must be unique")
-        return urls
+        return value
 
 
 class OpenAIBackend(_BackendBase):

@@ -139,7 +139,15 @@ def test_env_value_overrides_default(monkeypatch: pytest.MonkeyPatch) -> None:
         ),
         (
             ('"http://127.0.0.1:8001/v1",', '"ftp://x",'),
-            "p.yaml:7: backends.pool.replicas: not an http(s) URL: 'ftp://x'",
+            "p.yaml:7: backends.pool.replicas[0]: not an http(s) URL: 'ftp://x'",
+        ),
+        (  # a block list: the bad item's own line (before: the line of ``replicas:``)
+            (
+                'replicas: ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8002/v1/"]',
+                "replicas:\n      - http://127.0.0.1:8001/v1\n      - http://127.0.0.1:99999/v1",
+            ),
+            "p.yaml:9: backends.pool.replicas[1]: not a usable URL: "
+            "'http://127.0.0.1:99999/v1' (Port out of range 0-65535)",
         ),
         (
             ("  small:", "  large: {backend: pool}\n  small:"),
@@ -199,7 +207,7 @@ def test_unreadable_file(tmp_path: Path) -> None:
         (  # a replica named by its URL everywhere: the password went to headers and /metrics
             '"http://127.0.0.1:8001/v1",',
             '"http://bob:URLPASS@127.0.0.1:8001/v1",',
-            "p.yaml:7: backends.pool.replicas: credentials in a URL ('http://***@127.0.0.1",
+            "p.yaml:7: backends.pool.replicas[0]: credentials in a URL ('http://***@127.0.0.1",
         ),
         (
             "base_url: https://api.example.com/v1",
@@ -209,7 +217,7 @@ def test_unreadable_file(tmp_path: Path) -> None:
         (
             '"http://127.0.0.1:8001/v1",',
             '"htp://bob:URLPASS@127.0.0.1:8001/v1",',
-            "p.yaml:7: backends.pool.replicas: not an http(s) URL: 'htp://***@",
+            "p.yaml:7: backends.pool.replicas[0]: not an http(s) URL: 'htp://***@",
         ),
         (  # a key put where its digest belongs
             'a: {api_keys: ["${KEY_A}"]}',

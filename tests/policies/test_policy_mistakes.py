@@ -178,7 +178,7 @@ def test_every_policy_float_is_finite() -> None:
 def test_replica_urls_serving_would_refuse_are_refused_at_their_key(url: str, why: str) -> None:
     text = f'backends:\n  up:\n    kind: vllm\n    replicas: ["{url}"]\n'
     found = issues(text)
-    assert len(found) == 1 and found[0].startswith("p.yaml:4: backends.up.replicas: "), found
+    assert len(found) == 1 and found[0].startswith("p.yaml:4: backends.up.replicas[0]: "), found
     assert why in found[0]
 
 
