@@ -4,7 +4,7 @@ Order per target (the model's backend, then each fallback): the router chooses a
 available replicas; with ``budget_routing`` a replica predicted to miss the TTFT budget yields
 to one predicted to meet it; with ``cap_output`` ``max_tokens`` is lowered so the answer fits
 ``total_ms``; with hedging, if no first chunk has come by the hedge delay, the same request goes
-to a second replica (the least loaded of the others, unless the latency tracker predicts it
+to a second replica (the least loaded of the others not paced after a 429, unless the latency tracker predicts it
 slow; never asked of the router, whose turn would move) and
 the first to produce a chunk wins (the other is closed at once, so its replica aborts it, and
 its elapsed time is recorded as a lower bound of that replica's TTFT). A failure before the
@@ -235,6 +235,8 @@ class AttemptOpener:
 
         async def second() -> Attempt:
             rest = [r for r in pool.available(target.upstream_model) if r.base_url not in tried]
+            # Not one paced after its 429 (it asked to wait): the hedge would wait there too.
+            rest = [r for r in rest if self.limits.wait_s(r.base_url, lambda: _tokens(call)) <= 0]
             rest = [r for r in rest if _has_room(r, pool)] or rest
             if not rest:
                 raise AttemptFailed("no_replica", "no replica left to hedge on", True)

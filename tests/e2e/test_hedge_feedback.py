@@ -91,3 +91,25 @@ async def test_a_hedge_does_not_steer_the_next_primary_onto_the_slow_replica(
         hedged += raw.headers.get("x-gateway-hedge") is not None
     assert hedged == 3  # primaries take turns: only those on the slow replica are hedged
     assert len(slow.fake.requests) == 3
+
+
+async def test_the_hedge_skips_a_replica_that_asked_to_wait(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """A replica whose 429 asked for 30 s is left out of primaries, and of hedges too. Before:
+    the hedge went to the least loaded other replica, the paced one included."""
+    slow = await make_fake(latency_ms=1500, chunks=2)
+    paced = await make_fake(chunks=2)
+    fast = await make_fake(chunks=2)
+    paced.fake.queue("ratelimit:30")
+    backend = vllm(slow.url, paced.url, fast.url, routing={"strategy": "round_robin"})
+    gw = await make_gateway(build_policy({"up": backend}, MODELS, "surfaces:\n" + SURFACE))
+    hedged = 0
+    for _ in range(4):
+        raw = await gw.client.chat.completions.with_raw_response.create(
+            model="m", messages=MESSAGES, stream=True, extra_headers={"X-Surface": "chat"}
+        )
+        _ = [c async for c in raw.parse()]
+        hedged += raw.headers.get("x-gateway-hedge") == "hedge"
+    assert len(paced.fake.requests) == 1  # its 429, moved on to another replica
+    assert hedged >= 1  # a primary on the slow replica was hedged, on the fast one
