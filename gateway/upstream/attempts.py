@@ -4,9 +4,9 @@ Order per target (the model's backend, then each fallback): the router chooses a
 available replicas; with ``budget_routing`` a replica predicted to miss the TTFT budget yields
 to one predicted to meet it; with ``cap_output`` ``max_tokens`` is lowered so the answer fits
 ``total_ms``; with hedging, if no first chunk has come by the hedge delay, the same request goes
-to a second replica (the least loaded of the others not paced after a 429, unless the latency tracker predicts it
-slow; never asked of the router, whose turn would move) and
-the first to produce a chunk wins (the other is closed at once, so its replica aborts it, and
+to a second replica (the least loaded of the others not paced after a 429, unless the latency
+tracker predicts it slow; never asked of the router, whose turn would move) and the first to
+produce a chunk wins (the other is closed at once, so its replica aborts it, and
 its elapsed time is recorded as a lower bound of that replica's TTFT). A failure before the
 first byte (connect error, 5xx) moves on to another replica once, then to the next target.
 Time-outs end the request (504): retrying would double the wait.
