@@ -95,7 +95,13 @@ def _port(text: str) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     """Validate the file, then load what it names (artifacts, tokenizers) as serving would."""
     from gateway.build import build_failure, prepare
-    from policies.loader import PolicyError, PolicyIssue, read_policy_text, validate_policy
+    from policies.loader import (
+        PolicyError,
+        PolicyIssue,
+        listed,
+        read_policy_text,
+        validate_policy,
+    )
 
     issues: list[PolicyIssue] = []
     policy = None
@@ -113,8 +119,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 issues += build_failure(source, exc).issues
     if issues or policy is None:
         print(f"{args.policy}: invalid policy ({len(issues)} problem(s))", file=sys.stderr)
-        for issue in issues:
-            print(f"  {issue}", file=sys.stderr)
+        for line in listed(issues):
+            print(f"  {line}", file=sys.stderr)
         return 1
     print(f"{args.policy}: OK: {summary(policy)}")
     return 0

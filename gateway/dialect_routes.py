@@ -141,12 +141,19 @@ def _no_upstream_state(body: dict[str, Any]) -> None:
     items = body.get("input")
     if isinstance(items, list):
         for index, item in enumerate(items):
-            if isinstance(item, dict) and item.get("type") == "item_reference":
+            if isinstance(item, dict) and _by_reference(item):
                 raise BadRequest(
                     "input items by reference are not supported through this gateway; "
                     "send the item itself or continue with 'previous_response_id'",
                     param=f"input[{index}]",
                 )
+
+
+def _by_reference(item: dict[str, Any]) -> bool:
+    """An item reference: typed so, or (its ``type`` being optional) an item with no type that
+    is no message (a message may leave out its type, never its ``role``)."""
+    kind = item.get("type")
+    return kind == "item_reference" or (kind is None and "role" not in item)
 
 
 async def _stored(

@@ -121,7 +121,9 @@ class Orchestrator:
             if (task := asyncio.current_task()) is not None:
                 task.uncancel()
             raise Unavailable(
-                "the gateway is shutting down; retry the request", headers={"Retry-After": "1"}
+                "the gateway is shutting down; retry the request",
+                code="shutting_down",
+                headers={"Retry-After": "1"},
             ) from None
 
     # --- 1. who, what, which surface ----------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from policies.server import redis_url
-from policies.strict import Strict
+from policies.strict import MAX_MS, Strict
 
 
 class SemanticCacheConfig(Strict):
@@ -150,7 +150,9 @@ class CacheStoreConfig(Strict):
     """Where cache entries live: in memory (one gateway instance) or in Redis (shared)."""
 
     redis_url: str | None = None  # None or "": shared_state.redis_url, else in memory
-    timeout_ms: float = Field(50.0, gt=0)  # a slower store is skipped, the request goes on
+    timeout_ms: float = Field(
+        50.0, gt=0, le=MAX_MS
+    )  # a slower store is skipped, the request goes on
     # In memory only: the stored answers' bytes, exact and semantic together (least recently
     # used exact answers go first, then the oldest semantic entries). Redis: its maxmemory.
     max_memory_bytes: int = Field(256 * 1024 * 1024, ge=1024 * 1024)

@@ -38,7 +38,18 @@ class PolicyError(Exception):
 
     def __init__(self, issues: list[PolicyIssue]) -> None:
         self.issues = issues
-        super().__init__("\n".join(str(i) for i in issues))
+        super().__init__("\n".join(listed(issues)))
+
+
+MAX_ISSUES = 20  # problems listed one by one; past it, one line counts the rest
+
+
+def listed(issues: list[PolicyIssue]) -> list[str]:
+    """The problems as listed: the first ``MAX_ISSUES``, then how many more there are."""
+    lines = [str(i) for i in issues[:MAX_ISSUES]]
+    if len(issues) > MAX_ISSUES:
+        lines.append(f"and {len(issues) - MAX_ISSUES} more problem(s)")
+    return lines
 
 
 def format_path(path: KeyPath) -> str:
@@ -105,20 +116,13 @@ def parse_policy_source(
     return policy, source
 
 
-MAX_ISSUES = 20  # problems listed one by one; past it, one line counts the rest
-
-
 def validate_policy(
     text: str, file: str = "<policy>", env: Mapping[str, str] | None = None
 ) -> tuple[Policy | None, PolicySource, list[PolicyIssue]]:
-    """Every issue found (the first ``MAX_ISSUES``, then their count), with the policy when its
-    schema holds (so that checks which need it, the cross-section rules and ``prepare``, can
-    still report theirs): ``llm-gateway check`` reports them all at once."""
-    policy, source, issues = _validate(text, file, env)
-    if len(issues) > MAX_ISSUES:
-        more = PolicyIssue(file, None, (), f"and {len(issues) - MAX_ISSUES} more problem(s)")
-        issues = [*issues[:MAX_ISSUES], more]
-    return policy, source, issues
+    """Every issue found (``listed`` shows the first ``MAX_ISSUES``, then their count), with
+    the policy when its schema holds (so that checks which need it, the cross-section rules and
+    ``prepare``, can still report theirs): ``llm-gateway check`` reports them all at once."""
+    return _validate(text, file, env)
 
 
 def _validate(

@@ -20,12 +20,11 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from policies.cache import CachePolicy
-from policies.strict import Strict
+from policies.strict import MAX_MS, Strict
 from policies.tenants import RateLimits
 
 Priority = Literal["interactive", "standard", "background"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "standard", "background")
-MAX_MS = 86_400_000  # a day: the bound of every time in ms here (each feeds a timer)
 
 
 class HedgeConfig(Strict):

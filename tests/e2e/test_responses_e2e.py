@@ -511,6 +511,12 @@ async def test_an_openai_backend_translated_and_passthrough(
             {"input": [{"type": "item_reference", "id": "msg_of_team_a"}]},
             "input[0]",
         ),
+        # A reference's type is optional (the openai client's ItemReference): relayed before.
+        (
+            {"input": [{"role": "user", "content": "Hi"}, {"id": "msg_of_team_a"}]},
+            "input[1]",
+        ),
+        ({"input": [{"id": "msg_of_team_a", "type": None}]}, "input[0]"),
     ],
 )
 async def test_passthrough_refuses_upstream_state_it_cannot_tell_the_owner_of(

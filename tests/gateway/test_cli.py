@@ -132,3 +132,22 @@ def test_an_unexpected_build_error_is_a_problem_not_a_traceback(tmp_path: Path) 
     assert proc.returncode == 1
     assert "invalid policy, not starting" in proc.stderr and "RecursionError" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_check_counts_every_problem_and_lists_twenty(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    models = "".join(f"  m{i}: {{backend: nope}}\n" for i in range(30))
+    bad.write_text(
+        "backends:\n  pool:\n    kind: vllm\n    replicas: [http://a:1/v1]\nmodels:\n" + models
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    lines = proc.stderr.splitlines()
+    # Before: the header said 21 (the 20 listed and the line counting the rest).
+    assert lines[0].endswith("invalid policy (30 problem(s))"), lines[0]
+    assert len(lines) == 1 + 20 + 1 and lines[-1] == "  and 10 more problem(s)"

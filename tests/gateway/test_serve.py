@@ -105,6 +105,7 @@ async def test_sigterm_ends_streams_still_open_at_the_drain_bound(
         with pytest.raises(openai.APIStatusError, match="shutting down") as refused:
             await waiting
         assert refused.value.status_code == 503
+        assert refused.value.code == "shutting_down"  # as the cut stream's error event says
         assert refused.value.response.headers["retry-after"] == "1"
         assert await asyncio.wait_for(proc.wait(), 3 * DRAIN_S) == 0
         assert time.monotonic() - started < DRAIN_S + 1.0
