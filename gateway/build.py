@@ -6,8 +6,9 @@ the extras a section needs are installed; each problem is a ``file:line: key: me
 ``PolicyError``. ``llm-gateway check`` runs exactly this. ``build_runtime`` then starts what needs
 the event loop (pools, the cache store, the embedding model, the exporter), reusing from the
 running runtime whatever did not change (pools keep their health and in-flight counts, the
-embedder and the cache store their state), so a reload swaps one reference; ``retire`` closes
-what the new runtime no longer uses.
+embedder and the cache store their state) and handing a changed backend's new pools the
+per-replica state of its pools still draining (``ReplicaStates``), so a reload swaps one
+reference; ``retire`` closes what the new runtime no longer uses.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from policies.yamlsource import KeyPath
 from routing.admission import AdmissionQueue
 from routing.factory import RoutingSetupError, build_router
 from routing.least_loaded import LeastLoadedRouter, RoundRobinRouter
-from routing.pool import BackendPool, PoolSettings
+from routing.pool import BackendPool, PoolSettings, ReplicaStates
 from routing.replica import Replica
 
 if TYPE_CHECKING:
@@ -170,7 +171,6 @@ def _build_pools(
             needs_prompt_text=not isinstance(router, LeastLoadedRouter | RoundRobinRouter),
         )
         pool.admission = AdmissionQueue(policy.admission, _replicas_of(pool))
-        pool.share_in_flight(previous.values())  # the replicas' load holds across the reload
         pools[name] = pool
     return pools
 
@@ -270,14 +270,19 @@ async def build_runtime(
         if isinstance(exc, Exception) and not isinstance(exc, PolicyError):
             raise build_failure(source, exc, where) from exc
         raise
-    for name, pool in fresh.items():  # accepted: one connection pool and queue per replica
-        pool.take_over(old_pools.values(), old_pools.get(name))
+    # Accepted: per backend and replica, one in-flight count, connection pool and queue,
+    # shared with the backend's pools still draining (of this reload or earlier ones).
+    states = previous.replica_states if previous is not None else ReplicaStates()
+    for name, pool in fresh.items():
+        pool.take_over(states, old_pools.get(name))
     for pool in prepared.pools.values():
         if pool.admission is not None:
             pool.admission.settings = policy.admission
     _configure_limiter(resources.limiter, policy.shared_state)
     latency = previous.latency if previous is not None else None
-    return Runtime(policy, source, prepared.pools, resources, prepared.tiers, latency)
+    return Runtime(
+        policy, source, prepared.pools, resources, prepared.tiers, latency, replica_states=states
+    )
 
 
 async def _resources(

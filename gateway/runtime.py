@@ -32,7 +32,7 @@ from policies.schema import Policy
 from policies.surfaces import Budget, Priority, Surface, SurfaceActions
 from routing.hedging import HedgePolicy
 from routing.latency import ReplicaLatency
-from routing.pool import BackendPool
+from routing.pool import BackendPool, ReplicaStates
 
 if TYPE_CHECKING:
     from gateway.call import Embedder
@@ -100,6 +100,8 @@ class Runtime:
         resources: Resources,
         tiers: TierStage | None = None,
         latency: ReplicaLatency | None = None,
+        *,
+        replica_states: ReplicaStates | None = None,
     ) -> None:
         self.policy = policy
         self.source = source
@@ -113,6 +115,9 @@ class Runtime:
         self.resources = resources
         self.tiers = tiers
         self.latency = latency if latency is not None else ReplicaLatency()
+        # Per backend and replica URL, what its pools share across reloads (in-flight counts,
+        # lean connections): handed to the next runtime.
+        self.replica_states = replica_states if replica_states is not None else ReplicaStates()
         self.providers: dict[str, Provider] = {}
         for name, backend in policy.backends.items():
             provider = build_provider(name, backend)

@@ -6,11 +6,15 @@ one connection pool each), with at most ``max_connections`` open connections per
 reload drops is stopped at once but its session closes only when its last request has ended
 (or after ``drain_s``), so answers in flight are not cut.
 
-Across a reload the bounds per replica hold for the replica, not per pool: a new pool shares,
-by replica URL, the in-flight counts of the pools it replaces (``share_in_flight``: routing and
-admission's ``max_outstanding_per_replica`` count the requests still draining there) and, once
-the reload is accepted, their lean connections (``take_over``: one ``Http1Pool`` per replica,
-under the newest ``max_connections``) and the backend's admission queue.
+Across a reload the bounds per replica hold for the replica, not per pool: once the reload is
+accepted (``take_over``), a backend's new pool shares, per replica URL, the in-flight count of
+the backend's pools that still hold requests there (routing and admission's
+``max_outstanding_per_replica`` count the requests still draining) and their lean connections
+(one ``Http1Pool`` per backend and replica, under the newest ``max_connections``), and it takes
+the backend's admission queue over. That state lives in ``ReplicaStates``, one per gateway, kept
+across runtimes: it is found from any pool still draining, not only from the one replaced (a
+URL removed by one reload and added back by the next), and it is the backend's own (two
+backends naming one URL keep their own connections, limits and counts).
 
 Active checks (``GET /health`` on vLLM replicas) run every ``health.interval_s`` and decide
 health on their own: a failed check takes a replica out, a passing one brings it back. Passive
@@ -24,7 +28,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -35,7 +40,7 @@ from routing.admission import AdmissionQueue
 from routing.factory import BackgroundRouter, MetricsObserver
 from routing.http1 import Http1Pool
 from routing.metrics_scrape import MetricsListener, MetricsScraper
-from routing.replica import Replica
+from routing.replica import InFlight, Replica
 from routing.router import Router
 
 log = logging.getLogger("llm_gateway.pool")
@@ -55,6 +60,42 @@ class PoolSettings:
     discover_models: bool
     max_connections: int = 1000  # per replica
     lean_http: bool = False  # requests to http:// replicas go through routing.http1
+
+
+class ReplicaStates:
+    """What a backend's pools share per replica URL across reloads, for as long as a pool (or
+    a request in flight) holds it: the count of requests in flight and the lean connections.
+
+    One per gateway, handed from runtime to runtime. Keyed by (backend, URL): each backend
+    keeps its own, as it did before any reload. The entries are weak: one goes when the last
+    pool and request holding it are gone, so reloads that keep changing URLs leave nothing
+    behind; a connection pool closed by its last holder is no longer handed out.
+    """
+
+    def __init__(self) -> None:
+        self._in_flight: weakref.WeakValueDictionary[tuple[str, str], InFlight]
+        self._in_flight = weakref.WeakValueDictionary()
+        self._wires: weakref.WeakValueDictionary[tuple[str, str], Http1Pool]
+        self._wires = weakref.WeakValueDictionary()
+
+    def in_flight(self, backend: str, url: str, mine: InFlight) -> InFlight:
+        """The count of ``backend``'s requests in flight to ``url`` that a pool still holds,
+        else ``mine`` (held from now on)."""
+        held = self._in_flight.get((backend, url))
+        if held is None:
+            self._in_flight[(backend, url)] = held = mine
+        return held
+
+    def wire(self, backend: str, url: str, mine: Http1Pool) -> Http1Pool:
+        """``backend``'s open lean connections to ``url``, else ``mine`` (held from now on)."""
+        held = self._wires.get((backend, url))
+        if held is None or not held.open:
+            self._wires[(backend, url)] = held = mine
+        return held
+
+    def __len__(self) -> int:
+        """Entries still held (counts and connection pools)."""
+        return len(self._in_flight) + len(self._wires)
 
 
 @dataclass(eq=False)
@@ -108,23 +149,19 @@ class BackendPool:
         key = self.settings.api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    def share_in_flight(self, previous: Iterable[BackendPool]) -> None:
-        """Count requests in flight with ``previous`` pools' replicas of the same URL."""
-        counts = {r.base_url: r.in_flight for pool in previous for r in pool.replicas}
+    def take_over(self, states: ReplicaStates, replaced: BackendPool | None) -> None:
+        """The reload is accepted (or the first runtime built): count the requests in flight
+        and send through the connections of this backend's pools that still hold them, per
+        replica URL (``states``: the one replaced, or one draining from reloads before; the
+        connections under this pool's ``max_connections``), and admit through the queue of
+        ``replaced`` (the same backend's pool), which goes on counting the tickets it granted
+        and its waiters. What this pool brings of its own is kept in ``states`` for the
+        pools of later reloads."""
         for replica in self.replicas:
-            shared = counts.get(replica.base_url)
-            if shared is not None:
-                replica.in_flight = shared
-
-    def take_over(self, previous: Iterable[BackendPool], replaced: BackendPool | None) -> None:
-        """The reload is accepted: send through the previous pools' open lean connections
-        (one connection pool per replica, under this pool's ``max_connections``), and admit
-        through the queue of ``replaced`` (the same backend's pool), which goes on counting
-        the tickets it granted and its waiters."""
-        open_wires = {url: w for pool in previous for url, w in pool._wires.items() if w.open}
+            replica.in_flight = states.in_flight(self.name, replica.base_url, replica.in_flight)
         for url, mine in list(self._wires.items()):
-            theirs = open_wires.get(url)
-            if theirs is None:
+            theirs = states.wire(self.name, url, mine)
+            if theirs is mine:
                 continue
             mine.unshare(self._wire_tokens[url])  # never used: no request came before the swap
             self._wires[url] = theirs

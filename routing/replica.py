@@ -22,10 +22,11 @@ from urllib.parse import urlsplit
 MAX_BACKOFF = 8  # a failed trial doubles the cooldown, up to this many times cooldown_s
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class InFlight:
-    """Requests in flight to one replica (its URL): a reload's new pool shares its count with
-    the pool it replaces, so the replica's load, and what admission allows, hold across it."""
+    """Requests in flight to one replica (its URL) through one backend's pools: a reload's new
+    pool shares the count of the pools still draining there (``routing.pool.ReplicaStates``),
+    so the replica's load, and what admission allows, hold across it."""
 
     n: int = 0
 

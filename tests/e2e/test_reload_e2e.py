@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
-from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy, vllm
+from tests.conftest import (
+    FakeFactory,
+    GatewayFactory,
+    build_policy,
+    closed_port_url,
+    pool_policy,
+    serve,
+    vllm,
+)
 from tests.e2e.limits_helpers import chat, client, limits_policy, settled, usage_report
 from tests.gateway.limits.conftest import Clock
 
@@ -248,3 +260,178 @@ async def test_a_lowered_max_connections_bounds_the_draining_streams_too(
 async def _stream(gw: Any) -> int:
     stream = await gw.client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
     return await _drain(stream)
+
+
+class Counted:
+    """A replica on loopback that counts the requests it serves at once (``peak``). A request
+    whose last message says ``HOLD`` is answered once the test sets ``gate``; one saying
+    ``SLOW`` after ``slow_s``; any other at once."""
+
+    def __init__(self, slow_s: float = 0.3) -> None:
+        self.slow_s = slow_s
+        self.gate = asyncio.Event()
+        self.arrived = 0
+        self.active = 0
+        self.peak = 0
+        self.url = ""
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> Counted:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        self.runner, self.url = await serve(app)
+        return self
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model"}]})
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        text = (await request.json())["messages"][-1]["content"]
+        self.arrived += 1
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            if "HOLD" in text:
+                await self.gate.wait()
+            elif "SLOW" in text:
+                await asyncio.sleep(self.slow_s)
+        finally:
+            self.active -= 1
+        message = {"role": "assistant", "content": "ok"}
+        return web.json_response(
+            {
+                "id": "c1",
+                "object": "chat.completion",
+                "created": 1,
+                "model": "fake-model",
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
+
+    async def until(self, arrived: int, within_s: float = 20.0) -> None:
+        async with asyncio.timeout(within_s):
+            while self.arrived < arrived:  # noqa: ASYNC110 (polled: no event to wait on)
+                await asyncio.sleep(0.01)
+
+
+CountedFactory = Callable[[], Awaitable[Counted]]
+
+
+@pytest.fixture
+async def counted() -> AsyncIterator[CountedFactory]:
+    made: list[Counted] = []
+
+    async def make() -> Counted:
+        made.append(await Counted().start())
+        return made[-1]
+
+    yield make
+    for up in made:
+        up.gate.set()
+        if up.runner is not None:
+            await up.runner.cleanup()
+
+
+async def _say(gw: Any, model: str, text: str) -> str:
+    answer = await gw.client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": text}]
+    )
+    return str(answer.choices[0].message.content)
+
+
+def _one_url_two_backends(url: str, a_connections: int) -> str:
+    backends = {"a": vllm(url, max_connections=a_connections), "b": vllm(url, max_connections=1)}
+    models = {"ma": {"backend": "a", "model": "fake-model"}}
+    models["mb"] = {"backend": "b", "model": "fake-model"}
+    return build_policy(backends, models)
+
+
+async def test_backends_naming_one_replica_keep_their_own_bounds_across_a_reload(
+    counted: CountedFactory, make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """Backends a (max_connections 8) and b (1) name the same replica URL. A reload that
+    changes only a gave a's new pool b's connections (the last pool of the URL won) under a's
+    limit: b's requests went 3 at once, and a and b counted one load. Each backend's state
+    goes to its own new pool."""
+    up = await counted()
+    path = tmp_path / "policy.yaml"
+    path.write_text(_one_url_two_backends(up.url, 8))
+    gw = await make_gateway(path.read_text(), policy_path=path)
+    assert await asyncio.gather(*(_say(gw, "mb", "SLOW") for _ in range(3))) == ["ok"] * 3
+    assert up.peak == 1
+    path.write_text(_one_url_two_backends(up.url, 9))  # a changes, b does not
+    status, text = await reload(gw.root)
+    assert status == 200, text
+    up.peak = 0
+    assert await asyncio.gather(*(_say(gw, "mb", "SLOW") for _ in range(3))) == ["ok"] * 3
+    assert up.peak == 1  # b's max_connections 1 holds
+    a, b = gw.runtime.pools["a"], gw.runtime.pools["b"]
+    assert a.replicas[0].in_flight is not b.replicas[0].in_flight  # each counts its own load
+    held = asyncio.ensure_future(_say(gw, "ma", "HOLD"))
+    await up.until(up.arrived + 1)
+    assert (a.replicas[0].outstanding, b.replicas[0].outstanding) == (1, 0)
+    up.gate.set()
+    assert await held == "ok"
+
+
+def _readded_policy(url: str, max_connections: int) -> str:
+    models = {"m": {"backend": "up", "model": "fake-model"}}
+    return build_policy({"up": vllm(url, max_connections=max_connections)}, models)
+
+
+async def test_a_replica_removed_and_added_back_keeps_its_bounds_while_it_drains(
+    counted: CountedFactory, make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """X is removed by one reload and added back by the next while a request to it is still in
+    flight through the pool of two reloads back: the new pool only saw the last runtime's
+    pools, and sent a second request to X at once (2 in flight under max_connections 1).
+    The connections and the load of X are the ones the draining pool holds."""
+    x, y = await counted(), await counted()
+    path = tmp_path / "policy.yaml"
+    path.write_text(_readded_policy(x.url, 1))
+    gw = await make_gateway(path.read_text(), policy_path=path)
+    first = asyncio.ensure_future(_say(gw, "m", "HOLD"))
+    await x.until(1)
+    for url in (y.url, x.url):  # X removed (its pool drains the first request), then back
+        path.write_text(_readded_policy(url, 1))
+        status, text = await reload(gw.root)
+        assert status == 200, text
+    assert gw.runtime.pools["up"].replicas[0].outstanding == 1  # the first request counts
+    second = asyncio.ensure_future(_say(gw, "m", "again"))
+    with contextlib.suppress(TimeoutError):  # it must wait for the first one's connection
+        await x.until(2, within_s=1.0)
+    assert x.arrived == 1
+    x.gate.set()
+    assert list(await asyncio.gather(first, second)) == ["ok", "ok"]
+    assert x.peak == 1
+
+
+async def test_reloads_that_keep_changing_urls_leave_no_replica_state_behind(
+    counted: CountedFactory, make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """The per-replica state a backend's pools share across reloads is kept only while a pool
+    holds it: after reloads to ever new URLs, only the serving pool's is left."""
+    up = await counted()
+    path = tmp_path / "policy.yaml"
+    path.write_text(_readded_policy(up.url, 4))
+    gw = await make_gateway(path.read_text(), policy_path=path)
+    assert await _say(gw, "m", "hi") == "ok"
+    for _ in range(8):
+        path.write_text(_readded_policy(closed_port_url(), 4))
+        status, text = await reload(gw.root)
+        assert status == 200, text
+    path.write_text(_readded_policy(up.url, 4))
+    assert (await reload(gw.root))[0] == 200
+    assert await _say(gw, "m", "hi") == "ok"
+    states = gw.runtime.replica_states
+    async with asyncio.timeout(20):  # the replaced pools' retirements end
+        while len(states) > 2:
+            await asyncio.sleep(0.05)
+            gc.collect()
+    assert len(states) == 2  # the serving pool's in-flight count and connection pool
