@@ -45,20 +45,26 @@ end
 """
 
 # KEYS: buckets (nb), slot sets (ns), then the budget's usage record and its hold set (when
-#       ARGV[6] ~= '').
+#       ARGV[6] ~= ''), then the check's marker (when ARGV[12] ~= '').
 # ARGV: now|'', nb, ns, lease id, lease ttl ms, cap micro|'', cap pUSD rest, refuse 0|1,
-#       hold micro (0: none), hold member, record keep s, then per bucket: limit, period ms,
-#       amount; then per slot: limit, count (leases taken: 1 is the lease id itself, more are
-#       ``<lease id>#0`` ... ``#count-1``, a grant).
+#       hold micro (0: none), hold member, record keep s, marker 1|'', then per bucket: limit,
+#       period ms, amount; then per slot: limit, count (leases taken: 1 is the lease id itself,
+#       more are ``<lease id>#0`` ... ``#count-1``, a grant).
+# The marker (a key of the tenant's, one per check) says what became of a check whose answer
+# may be lost: set to 1 when it admits (for the lease TTL), so ``UNDO`` gives back exactly what
+# it took, once; found already there (``UNDO`` ran first: its caller gave up), the check takes
+# nothing and returns -1.
 # Returns: admitted, now, blocker (0, 1 bucket, 2 slot, 3 budget), index (1-based),
 #          wait ms (-1: never), spend micro, spend pUSD rest, over budget 0|1, held micro,
-#          debts..., held leases...
+#          debts..., held leases...; or -1 (given up before it ran).
 ACQUIRE = (
     _COMMON
     + """
 local now = now_ms(ARGV[1])
 local nb, ns = tonumber(ARGV[2]), tonumber(ARGV[3])
 local lease, ttl = ARGV[4], tonumber(ARGV[5])
+local mark = ARGV[12] ~= '' and KEYS[#KEYS] or nil
+if mark and redis.call('EXISTS', mark) == 1 then return -1 end
 local blocker, index, wait = 0, 0, 0
 local su, sp, over, hu = 0, 0, 0, 0
 local need = tonumber(ARGV[9])
@@ -88,7 +94,7 @@ if ARGV[6] ~= '' then
   if over == 1 and ARGV[8] == '1' then blocker = 3 end
 end
 local debts, stamps, held = {}, {}, {}
-local a = 12
+local a = 13
 for i = 1, nb do
   local limit, period, amount = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   a = a + 3
@@ -119,7 +125,7 @@ for j = 1, ns do
   if blocker == 0 and held[j] + count > limit then blocker, index = 2, j end
 end
 if blocker == 0 then
-  a = 12
+  a = 13
   for i = 1, nb do
     local limit, period, amount = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     a = a + 3
@@ -147,6 +153,7 @@ if blocker == 0 then
     redis.call('HSET', rec, 'held$.u', hu)
     if redis.call('TTL', rec) < 0 then redis.call('EXPIRE', rec, tonumber(ARGV[11])) end
   end
+  if mark then redis.call('SET', mark, 1, 'PX', math.max(ttl, 1000)) end
 end
 local out = {blocker == 0 and 1 or 0, now, blocker, index, wait, su, sp, over, hu}
 for i = 1, nb do out[#out + 1] = debts[i] end
@@ -225,6 +232,71 @@ for g = 1, groups do
     out[#out + 1] = tonumber(row[2]) or 0
   end
 end
+return out
+"""
+)
+
+# Gives back what one check took, once, when its answer was lost (its caller timed out or
+# left): ``ACQUIRE``'s marker says whether it admitted. Marker 1: the tokens and requests go
+# back to the buckets, its leases (a grant's too) and its budget hold are released, the marker
+# becomes 0 (sent again: nothing). No marker: the check has not run (or was refused); the
+# marker is set to 0 so that, should it reach Redis later, it takes nothing.
+# KEYS: the marker, buckets (nb), slot sets (ns), then the hold's record and hold set (when
+#       ARGV[6] ~= '').
+# ARGV: now|'', nb, ns, lease ids (space-separated), marker ttl ms, hold member|'', hold micro,
+#       then per bucket: limit, period ms, amount.
+# Returns: 1 given back, 0 nothing to give back.
+UNDO = (
+    _COMMON
+    + """
+local now = now_ms(ARGV[1])
+local nb, ns = tonumber(ARGV[2]), tonumber(ARGV[3])
+local mark = KEYS[1]
+local state = redis.call('GET', mark)
+local keep = math.max(tonumber(ARGV[5]), 1000)
+if state ~= '1' then
+  if not state then redis.call('SET', mark, 0, 'PX', keep) end
+  return 0
+end
+redis.call('SET', mark, 0, 'PX', keep)
+local a = 8
+for i = 1, nb do
+  local limit, period, amount = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  a = a + 3
+  local d, t = drained(KEYS[1 + i], now, limit)
+  store(KEYS[1 + i], math.max(0, d - amount * period), t, limit)
+end
+local leases = {}
+for id in string.gmatch(ARGV[4], '%S+') do leases[#leases + 1] = id end
+if #leases > 0 then
+  for j = 1, ns do redis.call('ZREM', KEYS[1 + nb + j], unpack(leases)) end
+end
+if ARGV[6] ~= '' then
+  local rec, hk = KEYS[2 + nb + ns], KEYS[3 + nb + ns]
+  if redis.call('ZREM', hk, ARGV[6]) == 1 then
+    if redis.call('HINCRBY', rec, 'held$.u', -tonumber(ARGV[7])) <= 0 then
+      redis.call('HDEL', rec, 'held$.u')
+    end
+  end
+end
+return 1
+"""
+)
+
+# What the usage report reads: the record's fields, its ``held$`` taken from the holds still
+# live (an expired hold, its holder gone, is reclaimed from the total only by the next check).
+# KEYS: the usage record, its hold set; ARGV: now|''.
+# Returns: the record's fields and values, flat, then the micro-dollars the live holds hold.
+READ = (
+    _COMMON
+    + """
+local now = now_ms(ARGV[1])
+local out = redis.call('HGETALL', KEYS[1])
+local held = 0
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf')) do
+  held = held + tonumber(string.match(m, '=(%d+)$'))
+end
+out[#out + 1] = held
 return out
 """
 )

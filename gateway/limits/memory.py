@@ -139,7 +139,16 @@ class MemoryStore:
                 held[lease_id] = now + ttl_ms
 
     async def read_usage(self, key: str, now_ms: int | None = None) -> dict[str, int]:
-        return dict(self._record(key, self._now(now_ms)))
+        """The record's fields; its ``HELD`` what the holds still live hold (those expired,
+        their holder gone, are left out before the next check reclaims them)."""
+        now = self._now(now_ms)
+        fields = dict(self._record(key, now))
+        members = self._slots.get(key + ":h", {})
+        held = sum(held_amount(m) for m, expiry in members.items() if expiry > now)
+        fields.pop(HELD, None)
+        if held > 0:
+            fields[HELD] = held
+        return fields
 
     def on_trouble(self, react: Callable[[], None]) -> None:
         """Memory never fails: nothing to tell."""

@@ -22,7 +22,11 @@ ms through the protocol, 0.16-0.28 ms for a bare PING). redis-py still parses th
 A failed batch says whether its calls may have run (``maybe_applied``): one that failed before
 it was written did not run; one that failed after (connection lost, time-out) may have. A
 script the server does not know (NOSCRIPT, after a restart) did not run: it is loaded and
-those calls are sent again on the same connection.
+those calls are sent again on the same connection. A refusal that is Redis unavailable, not a
+bug of ours (out of memory, a read-only replica after a failover, credentials it wants or
+refuses, still loading, busy with another script: ``OUTAGES``), fails its call as an outage
+does, logged by the store once per outage; any other error a script returns (``ScriptError``)
+is a bug of ours and logged as one.
 """
 
 from __future__ import annotations
@@ -46,6 +50,41 @@ from gateway.limits.store import StoreUnavailable
 log = logging.getLogger("llm_gateway.limits")
 
 Arg = int | str
+
+# Error codes Redis refuses a call with while it cannot serve it: an outage, not our bug.
+OUTAGES = frozenset(
+    {
+        "OOM",  # used memory > maxmemory (noeviction): writes refused
+        "READONLY",  # a replica (after a failover, the old primary)
+        "MASTERDOWN",  # a replica that lost its primary (replica-serve-stale-data no)
+        "NOAUTH",  # a password is wanted (set since we connected, or missing from the URL)
+        "WRONGPASS",
+        "NOPERM",  # an ACL user not allowed our commands or keys
+        "LOADING",  # loading its dataset after a restart
+        "BUSY",  # running another (long) script
+        "MISCONF",  # cannot persist (stop-writes-on-bgsave-error)
+        "CLUSTERDOWN",
+        "TRYAGAIN",
+        "NOREPLICAS",
+    }
+)
+
+
+class ScriptError(StoreUnavailable):
+    """A script of ours failed in Redis (a bug: logged as an error)."""
+
+
+def error_code(error: Exception) -> str:
+    """The code a Redis error reply begins with (``WRONGPASS``, ``OOM``, ``ERR``), never the
+    rest of the message (it may quote what was sent); "" when it has none."""
+    word = str(error).split(" ", 1)[0]
+    return word if word.isupper() and word.isalpha() else ""
+
+
+def is_outage(error: Exception) -> bool:
+    """Redis refused the call because it cannot serve it now (``OUTAGES``; an unauthenticated
+    connection's command cut short is ``ERR Protocol error: unauthenticated ...``)."""
+    return error_code(error) in OUTAGES or "unauthenticated" in str(error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +242,9 @@ class ScriptPipe:
         except Exception as exc:  # whatever it was, the waiting calls must fail
             # Nothing was sent: every call waiting now fails at once (the store backs off).
             self.on_trouble()
-            failed = StoreUnavailable(f"redis: {type(exc).__name__}")
+            # A refusal is named by its code (WRONGPASS, NOAUTH...): never the URL's credentials.
+            code = error_code(exc) if isinstance(exc, ResponseError) else ""
+            failed = StoreUnavailable(f"redis: {code or type(exc).__name__}")
             while self._queue:
                 call = self._queue.popleft()
                 if not call.future.done():
@@ -218,9 +259,24 @@ class ScriptPipe:
         options = self._options
         loop = asyncio.get_running_loop()
 
-        def made() -> _Link:
-            return _Link(lambda: self.on_trouble())
+        links: list[_Link] = []
 
+        def made() -> _Link:
+            links.append(_Link(lambda: self.on_trouble()))
+            return links[-1]
+
+        try:
+            return await self._handshake(made, options, loop)
+        except BaseException:
+            # Timed out or refused mid-way (AUTH to a server that accepts connections but does
+            # not answer): the connection must not outlive the attempt.
+            for link in links:
+                link.close()
+            raise
+
+    async def _handshake(
+        self, made: Callable[[], _Link], options: dict[str, Any], loop: asyncio.AbstractEventLoop
+    ) -> _Link:
         async with asyncio.timeout(max(self.timeout_s, 0.2)):
             link: _Link
             if options.get("connection_class") is UnixDomainSocketConnection:
@@ -244,7 +300,6 @@ class ScriptPipe:
             if hello:
                 for reply in await link.exchange(b"".join(hello), len(hello)):
                     if isinstance(reply, ResponseError):
-                        link.close()
                         raise reply
         return link
 
@@ -308,9 +363,15 @@ def _deliver(call: _Call, reply: Any) -> None:
     if call.future.done():
         return  # its caller went away; the script ran all the same
     if isinstance(reply, ResponseError):
+        if is_outage(reply):
+            # Redis cannot serve it now (refused before the script ran, or at its first write:
+            # nothing taken): an outage, which the store logs once.
+            code = error_code(reply) or "unauthenticated"
+            call.future.set_exception(StoreUnavailable(f"redis refused: {code}"))
+            return
         # A script error is a bug of ours, not an outage: say so loudly.
         log.error("limit script failed: %s", reply)
-        call.future.set_exception(StoreUnavailable(f"redis script error: {reply}"))
+        call.future.set_exception(ScriptError(f"redis script error: {reply}"))
     else:
         call.future.set_result(reply)
 

@@ -10,14 +10,24 @@ Redis down or slow: each batch of calls is bounded by ``timeout_s`` from its wri
 failure logs one warning and opens a back-off window of ``retry_after_s`` in which calls fail
 at once with ``StoreUnavailable`` (no connection storm, no added latency while Redis is
 away); the first success after it logs the recovery. ``failures`` counts failed calls.
+
+A check whose answer was lost (it timed out, its connection closed, or its caller left) may
+have run and admitted it all the same: what it took is given back by ``UNDO`` once Redis
+answers again. Each check leaves a marker in Redis when it admits (one key per check, kept for
+the lease TTL), so the undo gives back exactly what it took, once however often it is sent,
+and a check that reaches Redis after its undo takes nothing. Undos wait in memory while Redis
+is away (at most ``MAX_UNDOS``; past that the oldest are dropped, counted in
+``undos_dropped``: their leases and holds expire after the lease TTL, the buckets drain).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 import functools
+import itertools
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -26,14 +36,14 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.limits import lua
-from gateway.limits.redis_pipe import Arg, Script, ScriptPipe
+from gateway.limits.redis_pipe import Arg, Script, ScriptError, ScriptPipe
 from gateway.limits.store import (
+    HELD,
     MICRO,
     SPEND,
     AcquireRequest,
     AcquireResult,
     Blocker,
-    BucketAdjust,
     SettleRequest,
     StoreUnavailable,
     UsageAdd,
@@ -45,7 +55,11 @@ log = logging.getLogger("llm_gateway.limits")
 _ERRORS = (RedisError, OSError, TimeoutError)
 _BLOCKERS: dict[int, Blocker | None] = {0: None, 1: "bucket", 2: "slot", 3: "budget"}
 _MICRO = MICRO  # pUSD per micro-dollar: money is sent and stored as (micro, pUSD rest)
-_ACQUIRE, _SETTLE, _RENEW = (Script.of(text) for text in (lua.ACQUIRE, lua.SETTLE, lua.RENEW))
+_ACQUIRE, _SETTLE, _RENEW, _UNDO = (
+    Script.of(text) for text in (lua.ACQUIRE, lua.SETTLE, lua.RENEW, lua.UNDO)
+)
+MAX_UNDOS = 10_000  # undos of lost checks waiting for Redis (module comment)
+_Undo = tuple[list[str], list[Arg]]
 
 
 def _settle_call(req: SettleRequest) -> tuple[list[str], list[Arg]]:
@@ -78,9 +92,21 @@ def _settle_call(req: SettleRequest) -> tuple[list[str], list[Arg]]:
     return keys, args
 
 
-def _retrieved(reply: asyncio.Future[Any]) -> None:
-    if not reply.cancelled():
-        reply.exception()  # looked at: a failed give-back is not worth a log line
+def _undo_call(req: AcquireRequest, mark: str) -> _Undo:
+    """The keys and arguments of the UNDO of the check ``req`` that left ``mark``."""
+    leases = sorted({lease for s in req.slots for lease in lease_ids(req.lease_id, s.count)})
+    keys = [mark, *(b.key for b in req.buckets), *(s.key for s in req.slots)]
+    args: list[Arg] = [_arg(req.now_ms), len(req.buckets), len(req.slots), " ".join(leases)]
+    args.append(req.lease_ttl_ms)
+    hold = req.budget.hold if req.budget is not None else None
+    if hold is not None:
+        keys += [hold.record, hold.key]
+        args += [hold.member, hold.amount // _MICRO]
+    else:
+        args += ["", 0]
+    for b in req.buckets:
+        args += [b.rate.limit, b.rate.period_ms, b.amount]
+    return keys, args
 
 
 def _arg(value: int | None) -> int | str:
@@ -108,6 +134,13 @@ class RedisLimitStore:
         self._down_since: float | None = None
         self._retry_at = 0.0
         self.failures = 0
+        # Checks whose answers were lost, to give back (module comment); each check's marker.
+        self._undos: collections.deque[_Undo] = collections.deque()
+        self._undo_timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        self.undos_dropped = 0
+        self._mark_prefix = os.urandom(6).hex()
+        self._marks = itertools.count()
 
     def set_timeout(self, timeout_s: float) -> None:
         """A reload's ``timeout_ms``: the next calls wait this long (the connections stay)."""
@@ -128,12 +161,27 @@ class RedisLimitStore:
                 args += [0, "", 0]
         else:
             args += ["", 0, 0, 0, "", 0]
+        # The check's marker: a key of the tenant's (after its first key's hash tag).
+        mark = f"{keys[0]}:a:{self._mark_prefix}-{next(self._marks)}" if keys else ""
+        args.append(1 if mark else "")
         for b in req.buckets:
             args += [b.rate.limit, b.rate.period_ms, b.amount]
         for s in req.slots:
             args += [s.limit, s.count]
-        left = functools.partial(self._give_back, req)
-        raw: list[int] = await self._call(_ACQUIRE, keys, args, left)
+        if not mark:  # takes nothing: nothing to give back
+            raw: list[int] | int = await self._call(_ACQUIRE, keys, args)
+        else:
+            keys.append(mark)
+            try:
+                raw = await self._call(
+                    _ACQUIRE, keys, args, functools.partial(self._left, req, mark)
+                )
+            except StoreUnavailable as exc:
+                if exc.maybe_applied:  # timed out, connection lost: it may have admitted
+                    self._undo_later(req, mark)
+                raise
+        if not isinstance(raw, list):  # undone before it ran: only a caller gone sees that
+            raise StoreUnavailable("this check was given up before it ran")
         nb = len(req.buckets)
         admitted, now, blocker, index, wait, spend_u, spend_p, over, held_u = raw[:9]
         return AcquireResult(
@@ -149,27 +197,66 @@ class RedisLimitStore:
             budget_held=held_u * _MICRO,
         )
 
-    def _give_back(self, req: AcquireRequest, reply: asyncio.Future[Any]) -> None:
+    def _left(self, req: AcquireRequest, mark: str, reply: asyncio.Future[Any]) -> None:
         """The caller of ``acquire`` left (cancelled) while its script was on its way: if the
-        script admitted it, what it took goes back (its tokens and requests to the buckets,
-        every lease it added released, a grant's too, and its budget hold), so a client that
-        gives up during a slow check does not hold a ``max_concurrent`` slot until the lease
-        expires. One call, not awaited: should it fail, the leases and the hold expire and the
-        buckets drain on their own."""
-        if reply.cancelled() or reply.exception() is not None or reply.result()[0] != 1:
+        script admitted it, or may have (its answer lost), what it took goes back (its tokens
+        and requests to the buckets, every lease it added released, a grant's too, and its
+        budget hold), so a client that gives up during a slow check does not hold a
+        ``max_concurrent`` slot until the lease expires."""
+        if reply.cancelled():
             return
-        leases = {lease for s in req.slots for lease in lease_ids(req.lease_id, s.count)}
-        gate = req.budget
-        undo = SettleRequest(
-            adjusts=tuple(BucketAdjust(b.key, b.rate, -b.amount) for b in req.buckets),
-            releases=tuple(s.key for s in req.slots),
-            lease_id=" ".join(sorted(leases)),
-            now_ms=req.now_ms,
-            # Not taken (the budget did not cover it): its member is absent, nothing released.
-            holds=(gate.hold,) if gate is not None and gate.hold is not None else (),
-        )
-        with contextlib.suppress(StoreUnavailable):
-            self._pipe.submit(_SETTLE, *_settle_call(undo)).add_done_callback(_retrieved)
+        exc = reply.exception()
+        if exc is not None:
+            if isinstance(exc, StoreUnavailable) and exc.maybe_applied:
+                self._undo_later(req, mark)
+            return
+        raw = reply.result()
+        if isinstance(raw, list) and raw[0] == 1:
+            self._undo_later(req, mark)
+
+    def _undo_later(self, req: AcquireRequest, mark: str) -> None:
+        """Give back what the check ``req`` took, if it did, once Redis answers (at once
+        unless the store is in its back-off)."""
+        self._keep_undo(_undo_call(req, mark))
+        self._undo_soon(max(0.0, self._retry_at - time.monotonic()))
+
+    def _keep_undo(self, undo: _Undo) -> None:
+        if len(self._undos) >= MAX_UNDOS:
+            self._undos.popleft()  # its leases and hold expire, its units drain
+            self.undos_dropped += 1
+        self._undos.append(undo)
+
+    def _undo_soon(self, delay: float) -> None:
+        if self._undo_timer is None and self._undos and not self._closed:
+            loop = asyncio.get_running_loop()
+            self._undo_timer = loop.call_later(delay, self._send_undos)
+
+    def _send_undos(self) -> None:
+        """Send the waiting undos (each is idempotent: one that fails is kept and sent again)."""
+        self._undo_timer = None
+        wait = self._retry_at - time.monotonic()
+        if self._down_since is not None and wait > 0:
+            self._undo_soon(wait)
+            return
+        undos, self._undos = self._undos, collections.deque()
+        while undos:
+            undo = undos.popleft()
+            try:
+                reply = self._pipe.submit(_UNDO, *undo)
+            except StoreUnavailable:  # too many calls waiting: later
+                self._keep_undo(undo)
+                for rest in undos:
+                    self._keep_undo(rest)
+                break
+            reply.add_done_callback(functools.partial(self._undone, undo))
+        self._undo_soon(self.retry_after_s)
+
+    def _undone(self, undo: _Undo, reply: asyncio.Future[Any]) -> None:
+        exc = ConnectionError("cancelled") if reply.cancelled() else reply.exception()
+        if exc is None or isinstance(exc, ScriptError):
+            return  # done (a script error is logged as the bug it is: not sent again)
+        self._keep_undo(undo)
+        self._undo_soon(self.retry_after_s)
 
     async def settle(self, req: SettleRequest) -> tuple[int, ...] | None:
         raw: list[int] | int = await self._call(_SETTLE, *_settle_call(req))
@@ -187,13 +274,20 @@ class RedisLimitStore:
         await self._call(_RENEW, keys, args)
 
     async def read_usage(self, key: str, now_ms: int | None = None) -> dict[str, int]:
+        """The record's fields; its ``held$`` what the holds still live hold (those expired,
+        their holder gone, are left out before the next check reclaims them)."""
         try:
-            raw = await self._redis.hgetall(key)
+            raw = await self._redis.eval(lua.READ, 2, key, key + ":h", _arg(now_ms))
         except _ERRORS as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
+        *flat, held = raw
         out: dict[str, int] = {}
-        for name_raw, value in raw.items():
+        if held > 0:
+            out[HELD] = int(held) * _MICRO
+        for name_raw, value in zip(flat[::2], flat[1::2], strict=True):
             name = name_raw.decode() if isinstance(name_raw, bytes) else name_raw
+            if name == HELD + ".u":
+                continue
             if name.endswith(("$.u", "$.p")):
                 money = name[:-2]
                 scale = _MICRO if name.endswith(".u") else 1
@@ -204,6 +298,15 @@ class RedisLimitStore:
         return out
 
     async def aclose(self) -> None:
+        if self._undo_timer is not None:
+            self._undo_timer.cancel()
+            self._undo_timer = None
+        if self._undos and self.available:
+            self._send_undos()  # a last try (the pipe waits for the calls in flight)
+        self._closed = True
+        if self._undo_timer is not None:
+            self._undo_timer.cancel()
+            self._undo_timer = None
         await self._pipe.aclose()
         await self._redis.aclose()
 

@@ -164,9 +164,11 @@ class LimitStore(Protocol):
     kind: Literal["memory", "redis"]
 
     async def acquire(self, req: AcquireRequest) -> AcquireResult:
-        """All of ``req`` or none. A caller cancelled while waiting takes none either: what the
-        store admitted all the same is given back (memory: an acquire never waits, so a caller
-        cannot leave in the middle; Redis: when the lost reply comes)."""
+        """All of ``req`` or none. A caller cancelled while waiting takes none either, nor does
+        a call that fails having perhaps run (``StoreUnavailable.maybe_applied``: a time-out,
+        a lost connection): what the store admitted all the same is given back (memory: an
+        acquire never waits, so a caller cannot leave in the middle; Redis: exactly once, when
+        the lost reply comes or Redis answers again)."""
         ...
 
     async def settle(self, req: SettleRequest) -> tuple[int, ...] | None:
@@ -180,7 +182,9 @@ class LimitStore(Protocol):
         renewed as one: ``(hold.key, hold.member)``)."""
         ...
 
-    async def read_usage(self, key: str, now_ms: int | None = None) -> dict[str, int]: ...
+    async def read_usage(self, key: str, now_ms: int | None = None) -> dict[str, int]:
+        """The record's fields at ``now_ms``; ``HELD``: what the holds still live hold."""
+        ...
 
     def on_trouble(self, react: Callable[[], None]) -> None:
         """Call ``react`` as soon as the store may have become unavailable."""
