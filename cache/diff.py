@@ -36,6 +36,7 @@ from cache.words import (
     Token,
     edit_distance,
     prefix_contrast,
+    suffix_contrast,
     tokenize,
 )
 
@@ -58,6 +59,7 @@ class PairDiff:
     symmetric_swaps: int = 0  # X and Y -> Y and X
     content_inversions: int = 0  # pairs of content words whose order flipped
     runs: int = 1  # runs of shared words that stay adjacent (a fronted clause: 2)
+    matched: list[tuple[int, int]] = field(default_factory=list)  # (index in a, in b), same key
 
 
 def _is_typo(x: Token, y: Token, lexicon: Lexicon) -> bool:
@@ -80,8 +82,12 @@ def _is_typo(x: Token, y: Token, lexicon: Lexicon) -> bool:
         # ("Gradle builds" / "Grade builds"); only two letters swapped ("Tranlsate") read as
         # a typo there.
         return False
-    if prefix_contrast(a, b):
-        return False  # "subscribe" / "unsubscribe": an opposite, not a typo
+    if prefix_contrast(a, b) or suffix_contrast(a, b):
+        return False  # "subscribe" / "unsubscribe", "sulfate" / "sulfite": another word
+    if a[0] != b[0] and a[:2] != b[1::-1]:
+        # A misspelling keeps the first letter (or swaps the first two: "hte"); another first
+        # letter is another word: "react" / "preact", "dexamethasone" / "betamethasone".
+        return False
     limit = 1 if min(len(a), len(b)) < 6 else 2
     return edit_distance(a, b, limit) <= limit
 
@@ -222,7 +228,8 @@ def align(stored: str, query: str, lexicon: Lexicon) -> PairDiff:
         else:
             kept_inserted.append(t)
     diff.deleted, diff.inserted = _pair_substitutions(kept_deleted, kept_inserted, diff)
-    _order(diff, sorted(pairs))
+    diff.matched = sorted(pairs)
+    _order(diff, diff.matched)
     return diff
 
 

@@ -18,7 +18,8 @@ A candidate the verifier accepts is still refused by a hard check (``CHECKS``) t
 difference its features, lower-case English words, cannot: other operators, symbols or signs
 (``cache.operators``: "x > 5" against "x < 5", "null == y" against "null === y"), other
 capitals in a shared word (``cache.casing``: "CO" against "Co"), another script or language
-(``cache.language``), or, around a shared passage, any change of the instruction or question
+(``cache.language``), a plural that is a term or a name ("a savings account", "Google
+Sheets": ``cache.plurals``), or, around a shared passage, any change of the instruction or question
 beside it (``cache.segments``: "<text> Translate into French." against "... German."). The
 checks keep the verifier's features as they were trained and calibrated, and can only turn
 hits into misses; they run only for candidates the verifier accepted.
@@ -41,6 +42,7 @@ from cache.casing import same_case
 from cache.index import Candidate
 from cache.language import same_language
 from cache.operators import same_operators
+from cache.plurals import same_terms
 from cache.segments import same_instruction
 from cache.verifier import Verifier
 from policies.cache import COSINE_ONLY_DEFAULT_THRESHOLD, SemanticCacheConfig
@@ -68,6 +70,7 @@ CHECKS: tuple[tuple[str, Callable[[str, str], bool]], ...] = (
     ("operators", same_operators),
     ("case", same_case),
     ("language", same_language),
+    ("plural", same_terms),
     ("shared_text", same_instruction),
 )
 

@@ -103,6 +103,9 @@ class Lexicon:
     exceptions: dict[str, dict[str, str]] = field(default_factory=dict)
     # Per part of speech in the order noun, verb, adj, adv; within it most frequent first.
     ranked: dict[str, list[int]] = field(default_factory=dict)
+    # Lemmas WordNet writes in lower case in some synset: common words ("page", "team"; not
+    # "Saturday", "American", "Mr").
+    common: set[str] = field(default_factory=set)
     _lemma_cache: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -221,7 +224,10 @@ def _parse_synset(
     count = int(head[3], 16)
     words: list[str] = []
     for i in range(count):
-        word = head[4 + 2 * i].lower()
+        written = head[4 + 2 * i]
+        word = written.lower()
+        if written == word:
+            lex.common.add(word.replace("_", " "))
         paren = word.find("(")
         if paren > 0:  # adjective position markers: "galore(ip)"
             word = word[:paren]

@@ -111,7 +111,7 @@ def relation(x: Token, y: Token, lex: Lexicon) -> str:
     a, b = x.norm, y.norm
     if prefix_contrast(a, b):
         return "antonym"
-    fa, fb = _forms(a, lex), _forms(b, lex)
+    fa, fb = _forms(x, lex), _forms(y, lex)
     for f in fa:
         if lex.antonyms.get(f, frozenset()) & fb:
             return "antonym"
@@ -156,13 +156,23 @@ def relation(x: Token, y: Token, lex: Lexicon) -> str:
     return "unrelated"
 
 
-def _forms(word: str, lex: Lexicon) -> set[str]:
-    """The word, its noun/verb base forms and, for "-er"/"-est", the adjective it grades."""
+def _forms(tok: Token, lex: Lexicon) -> set[str]:
+    """The word, its noun/verb base forms and, for "-er"/"-est", the adjective it grades.
+
+    An acronym ("HTTPS", "CDS", "ADS": all capitals) has no inflections: its final "S" is a
+    letter of it, not a plural ("HTTPS" is not more than one "HTTP"), as in its key."""
+    word = tok.norm
+    if _acronym(tok):
+        return {word}
     out = lex.forms(word)
     base = _adjective_base(word, lex)
     if base:
         out.add(base)
     return out
+
+
+def _acronym(tok: Token) -> bool:
+    return len(tok.surface) > 1 and tok.surface.isalpha() and tok.surface.isupper()
 
 
 def _adjective_base(word: str, lex: Lexicon) -> str | None:

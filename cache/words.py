@@ -446,3 +446,20 @@ def prefix_contrast(x: str, y: str) -> bool:
             ):
                 return True
     return False
+
+
+# Suffixes that name other compounds on one stem: "sulfate" / "sulfite" / "sulfide",
+# "nitrate" / "nitrite", "chlorate" / "chloride" (chemistry's anion endings).
+_SUFFIX_SETS = (frozenset(("ate", "ite", "ide")),)
+
+
+def suffix_contrast(x: str, y: str) -> bool:
+    """The two words put different suffixes of one set (``_SUFFIX_SETS``) on one stem of four
+    letters or more: "phosphate" / "phosphite"."""
+    for suffixes in _SUFFIX_SETS:
+        for sx in suffixes:
+            for sy in suffixes - {sx}:
+                stem = x[: -len(sx)]
+                if x.endswith(sx) and y.endswith(sy) and len(stem) >= 4 and stem == y[: -len(sy)]:
+                    return True
+    return False
