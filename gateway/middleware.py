@@ -63,12 +63,21 @@ class _RequestIds:
 _new_request_id = _RequestIds()
 
 
+def _request_id(request: web.Request) -> str:
+    """The caller's ``x-request-id`` when it is safe to echo, else a new one; kept on the
+    request (an ``Expect`` answer, given before the handler, takes it first)."""
+    request_id: str | None = request.get(REQUEST_ID)
+    if request_id is None:
+        request_id = request.headers.get("x-request-id", "")[:128]
+        if not _safe_id(request_id):
+            request_id = _new_request_id()  # none, or one not to echo in a header or a log
+        request[REQUEST_ID] = request_id
+    return request_id
+
+
 @web.middleware
 async def gateway_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request_id = request.headers.get("x-request-id", "")[:128]
-    if not _safe_id(request_id):
-        request_id = _new_request_id()  # none, or one that must not be echoed in a header or log
-    request[REQUEST_ID] = request_id
+    request_id = _request_id(request)
     started = time.perf_counter()
     try:
         response = await handler(request)
@@ -274,5 +283,6 @@ async def expect_continue(request: web.Request) -> web.Response | None:
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0
         return None
+    response.headers["x-request-id"] = _request_id(request)  # (and request-id: the signal)
     response.force_close()  # the body the client holds back never comes: the connection ends
     return response

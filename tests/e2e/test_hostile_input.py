@@ -239,8 +239,11 @@ async def test_expect_is_answered_before_the_body_is_sent(
         answer = await head_only(
             b"Expect: " + expect + b"\r\n", b"Content-Length: 5000000\r\n", path=b"/v1/messages"
         )
-        body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+        head, raw = answer.split(b"\r\n\r\n", 1)
+        body = json.loads(raw)
         assert body["type"] == "error" and body["error"]["type"] == kind
+        # Its ids, as every other answer has them (before: none, given before the handler).
+        assert b"\r\nx-request-id: " in head.lower() and b"\r\nrequest-id: " in head.lower()
     length = str(len(json.dumps(GOOD))).encode()
     fine = await head_only(b"Expect: 100-continue\r\n", b"Content-Length: " + length + b"\r\n")
     assert fine.startswith(b"HTTP/1.1 100 Continue") and b"HTTP/1.1 200" in fine
