@@ -98,13 +98,15 @@ async def test_queued_past_budget_gets_503_with_retry_after(
 async def test_hedge_wins_against_a_slow_replica_and_cancels_it(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
-    slow = await make_fake(latency_ms=1500, chunks=3)
+    # The hedge waits 500 ms: a loaded machine's fast replica answers within it, so only the
+    # request on the slow one (3 s) is hedged.
+    slow = await make_fake(latency_ms=3000, chunks=3)
     fast = await make_fake(chunks=3)
     surfaces = """
   chat:
     match: {header: chat}
-    budget: {ttft_ms: 400}
-    actions: {hedge: {enabled: true, delay_ms: 100, max_fraction: 1.0}}
+    budget: {ttft_ms: 1000}
+    actions: {hedge: {enabled: true, delay_ms: 500, max_fraction: 1.0}}
 """
     gw = await make_gateway(policy([slow.url, fast.url], surfaces))
     outcomes = []
@@ -118,7 +120,7 @@ async def test_hedge_wins_against_a_slow_replica_and_cancels_it(
     hedged = [o for o in outcomes if o[0] is not None]
     assert len(hedged) == 1
     assert hedged[0][0] == "hedge"
-    assert hedged[0][1] < 1.0  # did not wait for the slow replica's 1.5 s
+    assert hedged[0][1] < 2.0  # did not wait for the slow replica's 3 s
     assert hedged[0][2] == ["tok0 ", "tok1 ", "tok2 "]
     for _ in range(100):
         if slow.fake.active == 0:

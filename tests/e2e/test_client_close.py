@@ -23,7 +23,7 @@ HEDGED = """
 surfaces:
   chat:
     match: {header: chat}
-    actions: {hedge: {enabled: true, delay_ms: 20, max_fraction: 1.0}}
+    actions: {hedge: {enabled: true, delay_ms: 200, max_fraction: 1.0}}
 """
 BUDGETED = """
 surfaces:
@@ -57,8 +57,9 @@ async def until_counted(gw: RunningGateway) -> dict[str, float]:
 async def test_client_closing_at_done_is_counted_as_200(
     make_fake: FakeFactory, make_gateway: GatewayFactory, hedged: bool, handler_cancellation: bool
 ) -> None:
-    # Hedged: both replicas answer late, so the hedge fires and the primary still wins.
-    fakes = [await make_fake(latency_ms=150 if hedged else 0) for _ in range(2)]
+    # Hedged: both replicas answer late (400 ms), so the hedge fires (at 200 ms) and the
+    # primary still wins, by the hedge's delay (with 20 ms a loaded machine's hedge could win).
+    fakes = [await make_fake(latency_ms=400 if hedged else 0) for _ in range(2)]
     for up in fakes:
         up.fake.queue("hold_end:0.3")
     gw = await make_gateway(

@@ -91,12 +91,23 @@ async def test_a_client_leaving_during_an_escalation_leaves_no_load(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n" % len(body)
     ) + body
-    for _ in range(3):
+    loop = asyncio.get_running_loop()
+    for i in range(3):
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(raw)
-        await asyncio.sleep(0.1)  # the small answer is in, the large one 300 ms away
+        # the small answer is in and the large tier asked, its answer 300 ms away (a bounded
+        # wait: a fixed 0.1 s let a loaded machine's client leave before the escalation)
+        deadline = loop.time() + 5
+        while len(large.fake.requests) < i + 1:
+            assert loop.time() < deadline, "the large tier was never asked"
+            await asyncio.sleep(0.005)
         writer.transport.abort()
-    await asyncio.sleep(0.5)
     assert len(small.fake.requests) == 3 and len(large.fake.requests) == 3
-    left = {r.name: r.outstanding for p in gw.runtime.pools.values() for r in p.replicas}
-    assert set(left.values()) == {0}, left
+    deadline = loop.time() + 5  # the gateway notices each client left, then lets go
+
+    def left() -> dict[str, int]:
+        return {r.name: r.outstanding for p in gw.runtime.pools.values() for r in p.replicas}
+
+    while set(left().values()) != {0} and loop.time() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.02)
+    assert set(left().values()) == {0}, left()

@@ -117,7 +117,10 @@ async def test_connection_cap_closes_idle_connections_then_refuses_with_503(
     fake.fake.queue(*["sleep:1.5"] * 4)
     raw = build("POST", "/v1/chat/completions", [(b"Content-Type", b"application/json")], GOOD)
     busy = [asyncio.create_task(send(port, raw, 10)) for _ in range(4)]
-    await asyncio.sleep(0.5)
+    for _ in range(500):  # all four reached the upstream (a bounded wait, not a fixed 0.5 s)
+        if fake.fake.active == 4:
+            break
+        await asyncio.sleep(0.01)
     refused = await send(port, raw, 5)
     assert refused.status == 503, refused.body
     err = refused.error_json()

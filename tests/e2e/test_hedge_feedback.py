@@ -11,11 +11,13 @@ from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_polic
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 MODELS = {"m": {"backend": "up", "model": "fake-model"}}
+# The hedge's delay: long enough that a loaded machine's fast replica answers within it (only
+# requests on a slow replica are hedged), far below the slow replicas' latency.
 SURFACE = """
   chat:
     match: {header: chat}
     budget: {ttft_ms: 2000}
-    actions: {hedge: {enabled: true, delay_ms: 100, max_fraction: 1.0}}
+    actions: {hedge: {enabled: true, delay_ms: 500, max_fraction: 1.0}}
 """
 
 
@@ -26,7 +28,7 @@ def policy(urls: list[str]) -> str:
 async def test_the_replica_that_lost_a_race_is_recorded_as_slow(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
-    slow = await make_fake(latency_ms=1500, chunks=2)
+    slow = await make_fake(latency_ms=3000, chunks=2)
     fast = await make_fake(chunks=2)
     gw = await make_gateway(policy([slow.url, fast.url]))
     hedged = 0
@@ -40,17 +42,17 @@ async def test_the_replica_that_lost_a_race_is_recorded_as_slow(
     latency = gw.runtime.latency
     predicted = latency.predict_ttft_ms(slow.url)
     fast_ms = latency.predict_ttft_ms(fast.url)
-    # Cancelled about 100 ms in (the delay, then the fast replica's first chunk): its TTFT was
+    # Cancelled about 500 ms in (the delay, then the fast replica's first chunk): its TTFT was
     # at least that, and the tracker knows it instead of seeing only what the slow one won.
-    assert predicted is not None and predicted >= 90
+    assert predicted is not None and predicted >= 450
     assert fast_ms is not None and fast_ms < predicted
 
 
 async def test_the_hedge_avoids_a_replica_predicted_slow(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
-    slow_a = await make_fake(latency_ms=1500, chunks=2)
-    slow_b = await make_fake(latency_ms=1500, chunks=2)
+    slow_a = await make_fake(latency_ms=3000, chunks=2)
+    slow_b = await make_fake(latency_ms=3000, chunks=2)
     fast = await make_fake(chunks=2)
     gw = await make_gateway(policy([slow_a.url, slow_b.url, fast.url]))
     latency = gw.runtime.latency
@@ -67,7 +69,7 @@ async def test_the_hedge_avoids_a_replica_predicted_slow(
         if raw.headers.get("x-gateway-hedge") is not None:
             assert raw.headers["x-gateway-hedge"] == "hedge"
             assert raw.headers["x-gateway-replica"] == f"up/{names[fast.url]}"
-            assert time.perf_counter() - t0 < 1.0
+            assert time.perf_counter() - t0 < 2.0  # not the slow one's 3 s
     assert len(fast.fake.requests) == 3  # once as the primary, twice as the hedge
 
 
@@ -77,9 +79,9 @@ async def test_a_hedge_does_not_steer_the_next_primary_onto_the_slow_replica(
 ) -> None:
     """The hedge's replica is not asked of the router: asking moved its turn, so with two
     replicas every primary landed on the slow one and every request was hedged."""
-    slow = await make_fake(latency_ms=400, chunks=2)
+    slow = await make_fake(latency_ms=1000, chunks=2)
     fast = await make_fake(chunks=2)
-    surface = SURFACE.replace("delay_ms: 100", "delay_ms: 50")
+    surface = SURFACE.replace("delay_ms: 500", "delay_ms: 250")
     backend = vllm(slow.url, fast.url, routing={"strategy": strategy})
     gw = await make_gateway(build_policy({"up": backend}, MODELS, "surfaces:\n" + surface))
     hedged = 0

@@ -70,8 +70,11 @@ class Group:
         return workers
 
     async def wait_for(
-        self, check: Callable[[list[dict[str, Any]]], bool], within_s: float = 20.0
+        self, check: Callable[[list[dict[str, Any]]], bool], within_s: float = 60.0
     ) -> list[dict[str, Any]]:
+        """Polls until ``check`` holds. The bound is generous: a group whose workers import
+        the cache stack takes 10 s to start on a busy 2-core machine, and a CI run under load
+        passed 20 s (``workers never got there: []``); a working group gets there at once."""
         deadline = time.monotonic() + within_s
         workers: list[dict[str, Any]] = []
         while time.monotonic() < deadline:

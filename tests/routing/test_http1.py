@@ -27,6 +27,7 @@ from routing.http1 import (
     Disconnected,
     HeadTimeout,
     Http1Pool,
+    Http1Response,
     NoFreeConnection,
     Silent,
 )
@@ -96,6 +97,19 @@ async def serve(answer: Answer) -> AsyncIterator[tuple[Server, int]]:
         yield server, port
     finally:
         listener.close()
+
+
+async def until(condition: Callable[[], bool], within_s: float = 5.0) -> None:
+    """Polls ``condition`` (a bounded wait, not a fixed sleep a loaded machine can outlast)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not condition():
+        assert loop.time() < deadline, "never came true"
+        await asyncio.sleep(0.005)
+
+
+async def body_arrived(response: Http1Response) -> None:
+    await until(lambda: response._eof)
 
 
 def sized(body: bytes, extra: str = "") -> bytes:
@@ -273,7 +287,7 @@ async def test_a_request_on_stale_connections_is_sent_once_more_on_a_new_one_onl
     async with serve(answer) as (server, port):
         pool = Http1Pool("127.0.0.1", port, 10)
         warm = [asyncio.create_task(post(pool)) for _ in range(4)]
-        await asyncio.sleep(0.1)
+        await until(lambda: len(server.requests) == 4)  # all four in, none answered yet
         gate.set()
         await asyncio.gather(*warm)
         assert server.connections == 4
@@ -372,7 +386,8 @@ async def test_at_most_max_connections_open_and_the_next_request_waits_for_one()
         pool = Http1Pool("127.0.0.1", port, 1)
         first = asyncio.create_task(post(pool))
         second = asyncio.create_task(post(pool))
-        await asyncio.sleep(0.2)
+        await until(lambda: len(server.requests) == 1)
+        await asyncio.sleep(0.2)  # time for a second connection, were one opened
         assert not second.done() and server.connections == 1 and pool.open_connections == 1
         gate.set()
         assert await first == b'{"n": 1}'
@@ -466,10 +481,11 @@ async def test_a_slow_reader_pauses_reading_and_gets_every_byte() -> None:
     async with serve(answer) as (_, port):
         pool = Http1Pool("127.0.0.1", port, 10)
         response = await pool.post("/x", b"", [], connect_s=1, first_byte_s=2, idle_s=2)
-        await asyncio.sleep(0.3)  # the server wrote it all; the client buffered at most ~HIGH
         conn = response._conn
-        assert conn is not None and conn.paused
-        assert response._size <= HIGH_WATER + 256 * 1024
+        assert conn is not None
+        await until(lambda: conn.paused)  # the server writes on; the client buffers at most ~HIGH
+        await asyncio.sleep(0.1)  # and stays paused
+        assert conn.paused and response._size <= HIGH_WATER + 256 * 1024
         parts = []
         while data := await response.readany():
             parts.append(data)
@@ -524,7 +540,7 @@ async def test_a_body_that_came_with_its_head_is_taken_whole_within_its_limit() 
         pool = Http1Pool("127.0.0.1", port, 10)
         for limit, expected in ((100, b'{"n": 1}'), (3, None), (100, None)):
             response = await pool.post("/x", b"", [], connect_s=1, first_byte_s=1, idle_s=1)
-            await asyncio.sleep(0.05)  # the body arrived
+            await body_arrived(response)
             assert response.whole(limit) == expected  # over the limit, or compressed: no
             if expected is None:  # the reader's path takes it (and refuses or decodes it)
                 assert await response.read() in (b'{"n": 2}', b"{}")

@@ -162,20 +162,24 @@ async def test_a_check_does_not_wait_for_a_settlement_in_flight(
     """A settlement is written at once; a check made meanwhile is written on another
     connection rather than queued behind it (Redis itself then runs them in order)."""
     pipe = ScriptPipe(redis_server.url, timeout_s=2.0, connections=2)
-    slow = Script.of(
+    slow = Script.of(  # busy for ARGV[1] microseconds
         "local s = redis.call('TIME') repeat local n = redis.call('TIME')"
-        " until (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 100000 return 2"
+        " until (n[1] - s[1]) * 1000000 + (n[2] - s[2]) >= tonumber(ARGV[1]) return 2"
     )
     quick = Script.of("return 1")
     try:
         await pipe.call(quick, [], [])
-        assert await pipe.call(slow, [], []) == 2  # connected, both scripts known
+        assert await pipe.call(slow, [], [0]) == 2  # connected, both scripts known
         sent = pipe.batches
-        settlement = asyncio.ensure_future(pipe.call(slow, [], []))
+        settlement = asyncio.ensure_future(pipe.call(slow, [], [500_000]))
         await asyncio.sleep(0)
         assert pipe.batches == sent + 1  # written at once, nothing waits for company
         check = asyncio.ensure_future(pipe.call(quick, [], []))
-        await asyncio.sleep(0.03)  # time to connect a second link, not to run the script
+        # The second link connects while Redis runs the settlement (half a second: a loaded
+        # machine's connect fits in it); queued behind it, the check would be written only
+        # once the settlement is done.
+        while pipe.batches < sent + 2 and not settlement.done():  # noqa: ASYNC110 (no event)
+            await asyncio.sleep(0.005)
         assert pipe.batches == sent + 2 and not settlement.done()  # the check is on its way
         assert await check == 1
         assert await settlement == 2
