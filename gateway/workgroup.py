@@ -38,6 +38,7 @@ import asyncio
 import itertools
 import json
 import os
+import shutil
 import signal
 import socket
 from collections.abc import Awaitable, Callable
@@ -78,6 +79,10 @@ class WorkerContext:
     supervisor_pid: int
     sock: socket.socket | None = None  # the inherited listening socket (no SO_REUSEPORT)
     ready_fd: int | None = None  # written once the worker listens
+    # The supervisor's last reload, when it was rejected (its error): a worker forked since runs
+    # the older policy the group accepted, as its siblings do, and reports the rejection as
+    # theirs (``LivePolicy.reload_error``).
+    reload_error: str | None = None
 
     def control_path(self, index: int) -> Path:
         return self.run_dir / f"w{index}.sock"
@@ -129,6 +134,38 @@ def control_app(local: LocalAdmin) -> web.Application:
     app.router.add_delete("/admin/cache/thresholds", _local_reset_thresholds)
     app.router.add_get("/admin/usage", _local_usage)
     return app
+
+
+def leave_run_dir(ctx: WorkerContext) -> None:
+    """This worker exits after its supervisor died (SIGKILL, the OOM killer: the supervisor
+    removes the run directory at its own exit, and this one will not come): remove this
+    worker's socket and, when no sibling's socket answers any more, the whole directory.
+
+    Of two workers leaving at once, each removes its own socket before it looks at the other's,
+    so the one that looks last finds none answering: the directory is removed once every worker
+    has left (a sibling killed before, whose socket file stayed, refuses connections: it counts
+    as gone). Best effort: never raises."""
+    try:
+        ctx.control_path(ctx.index).unlink(missing_ok=True)
+        for index in range(ctx.count):
+            if index != ctx.index and _answers(ctx.control_path(index)):
+                return  # that sibling is still draining: it removes the directory when it leaves
+        shutil.rmtree(ctx.run_dir, ignore_errors=True)
+    except Exception:  # an exiting worker's tidying must never fail it
+        return
+
+
+def _answers(path: Path) -> bool:
+    """Whether a worker listens on the control socket ``path`` (still running)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except TimeoutError:
+            return True  # its backlog is full: alive, and busy
+        except OSError:  # no file (it left), or no listener (it was killed)
+            return False
+        return True
 
 
 async def start_control(ctx: WorkerContext, local: LocalAdmin) -> web.AppRunner:
