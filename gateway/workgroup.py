@@ -41,6 +41,7 @@ import os
 import shutil
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,20 +137,25 @@ def control_app(local: LocalAdmin) -> web.Application:
     return app
 
 
-def leave_run_dir(ctx: WorkerContext) -> None:
+def leave_run_dir(ctx: WorkerContext, settle_s: float = 2.0) -> None:
     """This worker exits after its supervisor died (SIGKILL, the OOM killer: the supervisor
     removes the run directory at its own exit, and this one will not come): remove this
-    worker's socket and, when no sibling's socket answers any more, the whole directory.
+    worker's socket and, once no sibling's socket answers, the whole directory.
 
     Of two workers leaving at once, each removes its own socket before it looks at the other's,
     so the one that looks last finds none answering: the directory is removed once every worker
-    has left (a sibling killed before, whose socket file stayed, refuses connections: it counts
-    as gone). Best effort: never raises."""
+    has left. A sibling that still answers after ``settle_s`` is serving (draining what it has
+    in flight) and removes the directory when it leaves; one killed a moment before may still
+    answer while the kernel tears it down, hence the wait; one killed earlier, whose socket file
+    stayed, refuses connections: gone. Best effort: never raises."""
     try:
         ctx.control_path(ctx.index).unlink(missing_ok=True)
-        for index in range(ctx.count):
-            if index != ctx.index and _answers(ctx.control_path(index)):
-                return  # that sibling is still draining: it removes the directory when it leaves
+        siblings = [ctx.control_path(i) for i in range(ctx.count) if i != ctx.index]
+        deadline = time.monotonic() + settle_s
+        while any(_answers(path) for path in siblings):
+            if time.monotonic() >= deadline:
+                return  # a sibling still serves: it removes the directory when it leaves
+            time.sleep(0.05)
         shutil.rmtree(ctx.run_dir, ignore_errors=True)
     except Exception:  # an exiting worker's tidying must never fail it
         return
