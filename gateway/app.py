@@ -70,7 +70,8 @@ def create_app(
     app[SLO] = slo
     app[ORCHESTRATOR] = Orchestrator(metrics, slo)
     app[LIMITS] = ConnectionLimits.of(policy.server)
-    app[_SETUP] = (policy, source, policy_path, telemetry, clock, group.count if group else 1)
+    workers, rejected = (group.count, group.reload_error) if group else (1, None)
+    app[_SETUP] = (policy, source, policy_path, telemetry, clock, workers, rejected)
     app.cleanup_ctx.append(_live_policy)
     app[admin.ADMIN_ACCESS] = admin.AdminAccess()
     app.on_response_prepare.append(cors_on_prepare)
@@ -85,7 +86,7 @@ def create_app(
 
 async def _live_policy(app: web.Application) -> AsyncIterator[None]:
     """Build the policy's runtime (pools, cache, embedder, tiers, telemetry); close it at the end."""
-    policy, source, path, telemetry, clock, workers = app[_SETUP]
+    policy, source, path, telemetry, clock, workers, rejected = app[_SETUP]
     runtime = await build_runtime(policy, source, telemetry=telemetry, clock=clock)
     limits = app[LIMITS]
     live = LivePolicy(
@@ -96,6 +97,7 @@ async def _live_policy(app: web.Application) -> AsyncIterator[None]:
         clock,
         on_reload=lambda p: limits.update(p.server),
         workers=workers,
+        reload_error=rejected,  # the group's last reload, rejected before this worker started
     )
     app[LIVE] = live
     yield

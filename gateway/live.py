@@ -39,6 +39,7 @@ class LivePolicy:
         clock: Clock | None = None,
         on_reload: Callable[[Policy], None] | None = None,
         workers: int = 1,
+        reload_error: str | None = None,
     ) -> None:
         self.current = runtime
         self._workers = workers  # of this process's group: a reload obeys the group's rules
@@ -51,7 +52,12 @@ class LivePolicy:
         self._retiring: dict[asyncio.Task[None], Runtime] = {}
         self.reloads = 0  # finished, accepted or rejected (a worker group waits on it)
         self.rejected = 0
-        self.reload_error: str | None = None  # the last reload's, None if it was accepted
+        # The last reload's, None if it was accepted. A worker forked after its group rejected a
+        # reload starts with the supervisor's rejection: it runs the older policy too, and the
+        # group's ``/admin/workers`` and ``llm_gateway_policy_reload_failing`` must say so (its
+        # counters start at zero: the worker it replaced counted that reload, and the group
+        # keeps a replaced worker's counts).
+        self.reload_error: str | None = reload_error
 
     async def reload(self) -> Runtime:
         """Load the policy file again; raises ``PolicyError`` and keeps the running one if bad."""

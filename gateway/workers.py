@@ -14,7 +14,9 @@ first may take a whole burst of connections: a less even spread).
 Supervision runs in the supervisor's only thread. Its signal handlers only note the signal;
 the wake-up file descriptor makes ``select`` return, and the loop then acts:
 - a worker that exited unasked is forked again from the last policy the group accepted (never
-  from the file, which may have gone bad since); one that exits before it listens is retried
+  from the file, which may have gone bad since), told when the last reload was rejected (it
+  runs the older policy and reports that rejection, as its siblings do); one that exits before
+  it listens is retried
   after ``BACKOFF_S``, doubling up to ``MAX_BACKOFF_S``. The group stops when a worker fails
   while the group starts (the same failure would hit every worker), or when more than
   ``MAX_RESTARTS`` exits in ``RESTART_WINDOW_S`` leave no worker serving; a failing
@@ -27,7 +29,9 @@ the wake-up file descriptor makes ``select`` return, and the loop then acts:
   flight and exits within ``gateway.server.DRAIN_S``; one still alive ``drain_s`` later is
   killed.
 Workers ignore SIGINT (a terminal's Ctrl-C reaches the whole process group; the supervisor
-decides) and get SIGTERM when the supervisor dies (PR_SET_PDEATHSIG).
+decides) and get SIGTERM when the supervisor dies (PR_SET_PDEATHSIG); the run directory, which
+the supervisor removes at its exit, is then removed by the last worker to leave
+(``gateway.workgroup.leave_run_dir``).
 
 Per worker, not shared (each as a separate gateway instance would have it): the approximate
 prefix index, admission counts, latency windows, hedge budget, health and load views, and the
@@ -55,7 +59,7 @@ from pathlib import Path
 from gateway.build import check_buildable
 from gateway.server import CannotListen, run_server
 from gateway.signals import HeldHup
-from gateway.workgroup import WorkerContext
+from gateway.workgroup import WorkerContext, leave_run_dir
 from policies.loader import PolicyError, PolicySource, read_policy
 from policies.schema import Policy
 
@@ -116,6 +120,9 @@ class Supervisor:
     # The last good policy's source: workers forked later start from it, never from the file.
     source: PolicySource | None = None
     held_hup: HeldHup | None = None  # SIGHUPs noted since the process started
+    # The last reload's error while it was rejected (None: accepted, or none yet): handed to
+    # every worker forked since, which runs the older policy and must say so.
+    reload_error: str | None = None
     children: dict[int, int] = field(default_factory=dict)  # pid -> worker index
     _serving: set[int] = field(default_factory=set)  # pids that listen (wrote their ready line)
     _failed_starts: dict[int, int] = field(default_factory=dict)  # index -> exits before ready
@@ -150,6 +157,7 @@ class Supervisor:
             ready_fd=ready_w,
         )
         status = 0
+        _warn_unshared_responses(self.policy, self.workers)
         try:
             # Load the app's modules here, once: forked workers then share those pages, and
             # frozen objects are never touched by a collection (which would copy them).
@@ -222,8 +230,9 @@ class Supervisor:
             check_buildable(policy, source, self.workers)
         except PolicyError as exc:
             log.error("policy reload rejected; workers keep the running policy:\n%s", exc)
+            self.reload_error = str(exc)
         else:
-            self.policy, self.source = policy, source
+            self.policy, self.source, self.reload_error = policy, source, None
         for pid in self.children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGHUP)
@@ -276,7 +285,8 @@ class Supervisor:
             return
         code = 1
         try:
-            code = self._worker(WorkerContext(**{**ctx.__dict__, "index": index}))
+            fields = {**ctx.__dict__, "index": index, "reload_error": self.reload_error}
+            code = self._worker(WorkerContext(**fields))
         except PolicyError as exc:  # the runtime could not be built: one line, no traceback
             logging.getLogger("llm_gateway").error("worker %d cannot start:\n%s", index, exc)
         except BaseException:  # a worker's error must never run the supervisor's code
@@ -293,18 +303,22 @@ class Supervisor:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != ctx.supervisor_pid:  # the supervisor died before prctl took hold
-            return 1
-        run_server(
-            self.policy,
-            self.policy_path,
-            self.host,
-            self.port,
-            worker=ctx,
-            source=self.source,
-            held_hup=held,
-        )
-        return 0
+        try:
+            if os.getppid() != ctx.supervisor_pid:  # the supervisor died before prctl took hold
+                return 1
+            run_server(
+                self.policy,
+                self.policy_path,
+                self.host,
+                self.port,
+                worker=ctx,
+                source=self.source,
+                held_hup=held,
+            )
+            return 0
+        finally:
+            if os.getppid() != ctx.supervisor_pid:  # orphaned: no supervisor will tidy up
+                leave_run_dir(ctx)
 
     def _stop_all(self) -> None:
         self._stopping = True
@@ -330,6 +344,21 @@ class Supervisor:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, 0)
         self.children.clear()
+
+
+def _warn_unshared_responses(policy: Policy, workers: int) -> None:
+    """Stored Responses live in each worker's memory without ``shared_state.redis_url``: once,
+    at the group's start, say what that does (a group may not use the Responses API at all,
+    so it is no reason to refuse to start)."""
+    if workers > 1 and policy.models and not policy.shared_state.redis_url:
+        log.warning(
+            "the Responses API's stored responses are kept per worker (no "
+            "shared_state.redis_url): with %d workers a request naming a previous_response_id "
+            "fails with 400 previous_response_not_found, and GET /v1/responses/{id} with 404, "
+            "whenever it reaches another worker than the one that stored it; set "
+            "shared_state.redis_url to share them, or serve with --workers 1",
+            workers,
+        )
 
 
 def _how(status: int) -> str:

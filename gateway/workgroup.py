@@ -38,8 +38,10 @@ import asyncio
 import itertools
 import json
 import os
+import shutil
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +80,10 @@ class WorkerContext:
     supervisor_pid: int
     sock: socket.socket | None = None  # the inherited listening socket (no SO_REUSEPORT)
     ready_fd: int | None = None  # written once the worker listens
+    # The supervisor's last reload, when it was rejected (its error): a worker forked since runs
+    # the older policy the group accepted, as its siblings do, and reports the rejection as
+    # theirs (``LivePolicy.reload_error``).
+    reload_error: str | None = None
 
     def control_path(self, index: int) -> Path:
         return self.run_dir / f"w{index}.sock"
@@ -129,6 +135,43 @@ def control_app(local: LocalAdmin) -> web.Application:
     app.router.add_delete("/admin/cache/thresholds", _local_reset_thresholds)
     app.router.add_get("/admin/usage", _local_usage)
     return app
+
+
+def leave_run_dir(ctx: WorkerContext, settle_s: float = 2.0) -> None:
+    """This worker exits after its supervisor died (SIGKILL, the OOM killer: the supervisor
+    removes the run directory at its own exit, and this one will not come): remove this
+    worker's socket and, once no sibling's socket answers, the whole directory.
+
+    Of two workers leaving at once, each removes its own socket before it looks at the other's,
+    so the one that looks last finds none answering: the directory is removed once every worker
+    has left. A sibling that still answers after ``settle_s`` is serving (draining what it has
+    in flight) and removes the directory when it leaves; one killed a moment before may still
+    answer while the kernel tears it down, hence the wait; one killed earlier, whose socket file
+    stayed, refuses connections: gone. Best effort: never raises."""
+    try:
+        ctx.control_path(ctx.index).unlink(missing_ok=True)
+        siblings = [ctx.control_path(i) for i in range(ctx.count) if i != ctx.index]
+        deadline = time.monotonic() + settle_s
+        while any(_answers(path) for path in siblings):
+            if time.monotonic() >= deadline:
+                return  # a sibling still serves: it removes the directory when it leaves
+            time.sleep(0.05)
+        shutil.rmtree(ctx.run_dir, ignore_errors=True)
+    except Exception:  # an exiting worker's tidying must never fail it
+        return
+
+
+def _answers(path: Path) -> bool:
+    """Whether a worker listens on the control socket ``path`` (still running)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except TimeoutError:
+            return True  # its backlog is full: alive, and busy
+        except OSError:  # no file (it left), or no listener (it was killed)
+            return False
+        return True
 
 
 async def start_control(ctx: WorkerContext, local: LocalAdmin) -> web.AppRunner:

@@ -119,9 +119,10 @@ class GatewayMetrics:
         )
         self.attempts = LoopCounter(
             "llm_gateway_upstream_attempts",
-            "Upstream attempts by outcome, counted when each ends (ok, lost, incomplete, "
-            "http_4xx, http_429, http_5xx, connect_error, timeout, bad_status, rejected_key, "
-            "bad_answer, idle_timeout, answer_broken, stream_error, abandoned)",
+            "Upstream attempts by outcome, counted when each ends (ok, lost, cancelled, "
+            "incomplete, http_4xx, http_429, http_5xx, connect_error, timeout, bad_status, "
+            "rejected_key, bad_answer, no_connection, idle_timeout, answer_broken, stream_error, "
+            "abandoned)",
             ["backend", "replica", "outcome"],
             registry=self.registry,
         )

@@ -363,11 +363,13 @@ class AttemptOpener:
                 model = None if exc.outcome == "connect_error" else target.upstream_model
                 replica.record_failure(str(exc), model)
             raise
-        except BaseException:  # cancelled (client gone, or a hedge lost)
+        except BaseException:  # cancelled (client gone, or a hedge lost) before it was handed on
             if response is not None:
                 response.close()
             guard.release()
+            # Counted as its span ends it (``cancelled``), and never against the replica's health.
             span.end("cancelled")
+            self.metrics.attempt(pool.name, replica.name, "cancelled")
             raise
         # A 4xx, a 429 included, is the request's or the account's, never the replica's failure;
         # success is recorded, and the attempt counted, when the answer ends (``Attempt.finish``).

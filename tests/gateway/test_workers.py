@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,12 @@ class Group:
     proc: asyncio.subprocess.Process
     root: str
     policy: Path
+    tmp: Path | None = None  # the group's TMPDIR: its run directory is made here
+    log: Path | None = None  # its stderr
+
+    def run_dirs(self) -> list[Path]:
+        assert self.tmp is not None
+        return sorted(self.tmp.glob("llm-gateway-*"))
 
     def client(self, fresh_connections: bool = True) -> openai.AsyncOpenAI:
         """An openai client; by default each request opens a new connection (so the kernel
@@ -90,28 +98,55 @@ StartGroup = Callable[[str], Awaitable[Group]]
 
 
 @pytest.fixture
-async def start_group(tmp_path: Path) -> AsyncIterator[StartGroup]:
+def group_tmp() -> Iterator[Path]:
+    """A TMPDIR for the groups a test starts, removed after it: a group killed with its
+    workers (SIGKILL to the process group) leaves its run directory behind, here rather than
+    in the machine's /tmp. Short (made by ``mkdtemp``, not under ``tmp_path``): the workers'
+    Unix socket paths must stay under 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="gw-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def _spawn(
+    policy: Path, port: int, workers: int, tmp: Path, log: Path | None
+) -> asyncio.subprocess.Process:
+    """``serve --workers N`` as an operator starts it, in its own session, with TMPDIR ``tmp``;
+    stderr to ``log`` when given."""
+    err = None if log is None else os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy),
+            "--port", str(port), "--workers", str(workers), "--log-level", "WARNING",
+            cwd=ROOT, start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)},
+            stderr=err,
+        )  # fmt: skip
+    finally:
+        if err is not None:  # the child has its own copy
+            os.close(err)
+
+
+@pytest.fixture
+async def start_group(tmp_path: Path, group_tmp: Path) -> AsyncIterator[StartGroup]:
     procs: list[asyncio.subprocess.Process] = []
 
     async def start(policy_yaml: str) -> Group:
         policy = tmp_path / "policy.yaml"
         policy.write_text(policy_yaml)
         port = _free_port()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy),
-            "--port", str(port), "--workers", str(WORKERS), "--log-level", "WARNING",
-            cwd=ROOT, start_new_session=True,
-        )  # fmt: skip
+        log = tmp_path / f"group{len(procs)}.log"
+        proc = await _spawn(policy, port, WORKERS, group_tmp, log)
         procs.append(proc)
-        group = Group(proc, f"http://127.0.0.1:{port}", policy)
+        group = Group(proc, f"http://127.0.0.1:{port}", policy, group_tmp, log)
         await group.wait_for(lambda ws: len(ws) == WORKERS)
         return group
 
     yield start
     for proc in procs:
+        # The process group: the supervisor and any worker left (one a test orphaned too).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
 
 
@@ -262,9 +297,9 @@ async def _post_reload(group: Group) -> tuple[int, str]:
         return resp.status, await resp.text()
 
 
-async def _replace_one(group: Group) -> list[dict[str, Any]]:
-    """Kill worker 0 and wait for its replacement (the group must stay up)."""
-    victim = next(w["pid"] for w in await group.workers() if w["worker"] == 0)
+async def _replace_one(group: Group, index: int = 0) -> list[dict[str, Any]]:
+    """Kill worker ``index`` and wait for its replacement (the group must stay up)."""
+    victim = next(w["pid"] for w in await group.workers() if w["worker"] == index)
     os.kill(victim, signal.SIGKILL)
     return await group.wait_for(
         lambda ws: len(ws) == WORKERS and victim not in {w["pid"] for w in ws}
@@ -309,6 +344,91 @@ async def test_a_rejected_reload_never_reaches_the_workers_started_later(
     assert group.proc.returncode is None
 
 
+def _gauge(text: str, name: str) -> float:
+    values = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name == name]  # fmt: skip
+    assert len(values) == 1, (name, values)
+    return values[0]
+
+
+async def test_replacements_report_the_rejected_reload_their_siblings_report(
+    make_fake: FakeFactory, start_group: StartGroup
+) -> None:
+    """A worker forked after the group rejected a reload runs the older policy, as its siblings
+    do: /admin/workers and llm_gateway_policy_reload_failing keep saying so after every
+    worker has been replaced, and the reload counters count the rejection once per worker."""
+    up = await make_fake()
+    group = await start_group(pool_policy([up.url]))
+    group.policy.write_text(pool_policy([up.url]) + "no_such_section: 1\n")
+    os.kill(group.proc.pid, signal.SIGHUP)
+    await group.wait_for(lambda ws: len(ws) == WORKERS and all(w["reload_error"] for w in ws))
+    text = await group.get("/metrics")  # the group's ledger keeps what a replaced worker counted
+    assert _gauge(text, "llm_gateway_policy_reload_failing") == 1
+    for index in range(WORKERS):
+        workers = await _replace_one(group, index)
+        replaced = next(w for w in workers if w["worker"] == index)
+        assert replaced["reloads"] == 0
+        assert "no_such_section" in (replaced["reload_error"] or ""), workers
+    text = await group.get("/metrics")
+    assert _gauge(text, "llm_gateway_policy_reload_failing") == 1
+    rejected = 'llm_gateway_policy_reloads_total{result="rejected"}'
+    assert f"{rejected} {float(WORKERS)}" in text  # once per worker, never again per replacement
+
+    group.policy.write_text(pool_policy([up.url]))  # fixed: every worker reloads it
+    os.kill(group.proc.pid, signal.SIGHUP)
+    workers = await group.wait_for(lambda ws: all(w["reloads"] == 1 for w in ws))
+    assert all(w["reload_error"] is None for w in workers), workers
+    assert _gauge(await group.get("/metrics"), "llm_gateway_policy_reload_failing") == 0
+    await _replace_one(group, 0)  # and one forked now starts clean
+    assert _gauge(await group.get("/metrics"), "llm_gateway_policy_reload_failing") == 0
+    assert all(w["reload_error"] is None for w in await group.workers())
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["every_worker", "one_killed_before"])
+async def test_workers_orphaned_by_a_killed_supervisor_remove_the_run_directory(
+    make_fake: FakeFactory, start_group: StartGroup, stale: bool
+) -> None:
+    """The supervisor removes the run directory at its exit; killed (SIGKILL, the OOM killer)
+    it cannot. Its workers get SIGTERM (PR_SET_PDEATHSIG), stop, and the last to leave removes
+    the directory: its sockets, the ledger's files and itself. A worker killed before, whose
+    socket file stayed and answers no more, does not keep it."""
+    up = await make_fake()
+    group = await start_group(pool_policy([up.url]))
+    await group.get("/metrics")  # the ledger writes its files there too
+    (run_dir,) = group.run_dirs()
+    assert {"w0.sock", "w1.sock", "w0.last", "w1.last"} <= {p.name for p in run_dir.iterdir()}
+    pids = [w["pid"] for w in await group.workers()]
+    if stale:  # worker 0 dies while the supervisor cannot replace it
+        os.kill(group.proc.pid, signal.SIGSTOP)
+        os.kill(pids[0], signal.SIGKILL)
+    os.kill(group.proc.pid, signal.SIGKILL)
+    assert await asyncio.wait_for(group.proc.wait(), 10) == -signal.SIGKILL
+    for _ in range(400):  # 20 s: an idle worker's stop takes well under a second
+        if not run_dir.exists() and not any(map(_alive, pids)):
+            break
+        await asyncio.sleep(0.05)
+    assert not any(map(_alive, pids))
+    assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
+
+
+UNSHARED_RESPONSES = "the Responses API's stored responses are kept per worker"
+
+
+async def test_a_group_without_redis_warns_once_that_stored_responses_are_per_worker(
+    make_fake: FakeFactory, start_group: StartGroup
+) -> None:
+    """Without shared_state.redis_url each worker keeps its own stored responses: a follow-up
+    (previous_response_id) that reaches another worker is not found. One WARNING says so."""
+    up = await make_fake()
+    group = await start_group(pool_policy([up.url]))
+    assert group.log is not None
+    warned = [line for line in group.log.read_text().splitlines() if UNSHARED_RESPONSES in line]
+    assert len(warned) == 1, warned
+    assert "WARNING" in warned[0]
+    assert "shared_state.redis_url" in warned[0] and "--workers 1" in warned[0]
+    assert "previous_response_not_found" in warned[0]
+
+
 async def test_a_second_group_on_a_held_port_is_refused(
     make_fake: FakeFactory, start_group: StartGroup
 ) -> None:
@@ -331,7 +451,7 @@ async def test_a_second_group_on_a_held_port_is_refused(
 
 @pytest.mark.parametrize("workers", [1, WORKERS])
 async def test_sighup_while_starting_is_one_reload_once_serving(
-    tmp_path: Path, workers: int
+    tmp_path: Path, group_tmp: Path, workers: int
 ) -> None:
     """SIGHUP's default action ends a process: while `serve` (or a worker) builds its runtime,
     one is held, then applied once the server listens."""
@@ -352,11 +472,7 @@ async def test_sighup_while_starting_is_one_reload_once_serving(
     policy = tmp_path / "policy.yaml"
     policy.write_text(pool_policy([url]))
     port = _free_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy),
-        "--port", str(port), "--workers", str(workers), "--log-level", "WARNING",
-        cwd=ROOT, start_new_session=True,
-    )  # fmt: skip
+    proc = await _spawn(policy, port, workers, group_tmp, None)
     try:
         await asyncio.wait_for(asked.wait(), 30)
         os.kill(proc.pid, signal.SIGHUP)
@@ -436,6 +552,7 @@ async def test_usage_in_shared_redis_is_counted_once_by_the_group(
     monkeypatch.setenv("TEST_TEAM_A_KEY", TEAM_A_KEY)
     shared = f"shared_state: {{redis_url: '{redis_server.url}'}}\n"
     group = await _usage_group(make_fake, start_group, shared)
+    assert group.log is not None and UNSHARED_RESPONSES not in group.log.read_text()
     await _settled_usage(group, 20)
     for _ in range(8):
         usage = await group.get("/admin/usage?tenant=team-a")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -156,3 +157,67 @@ async def test_an_attempts_outcome_is_one_truth_for_its_span_and_its_metric(
     else:
         assert attempt.status.status_code is StatusCode.UNSET and "error.type" not in got
         assert root.status.status_code is StatusCode.UNSET and "error.type" not in root_attrs
+
+
+HEDGED = """
+surfaces:
+  chat:
+    match: {header: chat}
+    actions: {hedge: {enabled: true, delay_ms: 20, max_fraction: 1.0}}
+"""
+
+
+def _attempts_counted(metrics: GatewayMetrics) -> dict[str, float]:
+    return {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(metrics.render().decode())
+        if family.name == "llm_gateway_upstream_attempts"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
+async def _until_counted(metrics: GatewayMetrics, expected: dict[str, float]) -> None:
+    """The attempt is counted when it has unwound, a moment after the client's answer."""
+    for _ in range(500):
+        if _attempts_counted(metrics) == expected:
+            return
+        await asyncio.sleep(0.02)
+    assert _attempts_counted(metrics) == expected
+
+
+@pytest.mark.parametrize("why", ["client_left", "hedge_lost"])
+async def test_an_attempt_cancelled_before_its_headers_is_counted_as_its_span_says(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, why: str
+) -> None:
+    """The client left, or the hedge won the race, while an attempt waited for its headers: the
+    replica got the request, so the attempt is counted, ``cancelled`` as its span says."""
+    hanging, answering = await make_fake(), await make_fake()
+    hanging.fake.queue("hang")
+    exporter = InMemorySpanExporter()
+    config = TelemetryConfig(enabled=True, sample_ratio=1.0)
+    telemetry = Telemetry.from_config(config, {}, exporter=exporter, batch=False)
+    if why == "client_left":
+        gw = await make_gateway(pool_policy([hanging.url]), telemetry=telemetry)
+        timeout = aiohttp.ClientTimeout(total=0.3)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            with pytest.raises(TimeoutError):
+                async with session.post(gw.base_url + "/chat/completions", json=BODY) as r:
+                    await r.read()
+        expected = {"cancelled": 1.0}
+    else:
+        gw = await make_gateway(pool_policy([hanging.url, answering.url], HEDGED),
+                                telemetry=telemetry)  # fmt: skip
+        hedged = []
+        for _ in range(2):  # idle replicas take turns: one request starts on the hanging one
+            raw = await gw.client.chat.completions.with_raw_response.create(
+                model="m", messages=BODY["messages"], extra_headers={"X-Surface": "chat"}
+            )
+            hedged.append(raw.headers.get("x-gateway-hedge"))
+        assert hedged.count("hedge") == 1, hedged
+        expected = {"ok": 2.0, "cancelled": 1.0}  # the winner counts as ok (its span: won)
+    assert len(hanging.fake.requests) == 1  # the replica got it
+    await _until_counted(gw.metrics, expected)
+    spans = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT]
+    outcomes = sorted(str((s.attributes or {})["gateway.attempt.outcome"]) for s in spans)
+    assert outcomes.count("cancelled") == 1, outcomes
