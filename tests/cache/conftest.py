@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from cache.embedder import SentenceTransformerEmbedder, Vectors
+from cache.verifier import Verifier
 
 DIM = 384
 
@@ -110,3 +111,9 @@ async def minilm() -> AsyncIterator[SentenceTransformerEmbedder]:
     model = SentenceTransformerEmbedder(batch_window_s=0.005)
     yield model
     await model.aclose()
+
+
+@pytest.fixture(scope="module")
+def verifier() -> Verifier:
+    """The shipped verifier artifact, loaded once per module."""
+    return Verifier.load()

@@ -32,3 +32,11 @@ def judge(
     bar = (gate.statement_threshold if assessed.statement[0] else gate.threshold)(settings, "ns")
     verdict = gate.choose(asked, [Candidate(stored, stored, cosine)], settings, "ns")
     return Judged(cosine, cosine >= gate.floor(settings), bool(assessed.score[0] >= bar), verdict)
+
+
+def assert_never_served(
+    minilm: SentenceTransformerEmbedder, verifier: Verifier, a: str, b: str
+) -> None:
+    for stored, asked in ((a, b), (b, a)):
+        verdict = judge(minilm, verifier, stored, asked).verdict
+        assert not verdict.accepted, (stored, asked, verdict)

@@ -26,11 +26,6 @@ NEAR_MISSES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def verifier() -> Verifier:
-    return Verifier.load()
-
-
 @pytest.mark.parametrize(("stored", "asked"), NEAR_MISSES)
 def test_a_word_capitalised_otherwise_is_another_question(
     minilm: SentenceTransformerEmbedder, verifier: Verifier, stored: str, asked: str

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 from cache.gate import SemanticGate, audit_key
 from cache.index import Candidate
 from cache.verifier import Verifier
 from policies.cache import SemanticCacheConfig
-
-
-@pytest.fixture(scope="module")
-def verifier() -> Verifier:
-    return Verifier.load()
 
 
 def candidate(text: str, similarity: float) -> Candidate:

@@ -19,11 +19,6 @@ NEAR_MISSES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def verifier() -> Verifier:
-    return Verifier.load()
-
-
 @pytest.mark.parametrize(("stored", "asked", "served"), NEAR_MISSES)
 def test_the_same_question_in_another_language_is_refused(
     minilm: SentenceTransformerEmbedder, verifier: Verifier, stored: str, asked: str, served: bool

@@ -97,11 +97,6 @@ def test_the_signature_names_operands_and_negative_numbers() -> None:
     assert signature("A plain question, with no symbols at all?") == {}
 
 
-@pytest.fixture(scope="module")
-def verifier() -> Verifier:
-    return Verifier.load()
-
-
 def test_the_gate_refuses_what_the_verifier_accepts_when_the_operators_differ(
     verifier: Verifier,
 ) -> None:

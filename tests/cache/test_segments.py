@@ -58,11 +58,6 @@ NEAR_MISSES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def verifier() -> Verifier:
-    return Verifier.load()
-
-
 @pytest.mark.parametrize(("stored", "asked"), NEAR_MISSES)
 def test_another_request_about_the_same_passage_is_refused(
     minilm: SentenceTransformerEmbedder, verifier: Verifier, stored: str, asked: str

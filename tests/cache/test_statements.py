@@ -19,11 +19,6 @@ def lex() -> Lexicon:
     return Lexicon.shared()
 
 
-@pytest.fixture(scope="module")
-def verifier() -> Verifier:
-    return Verifier.load()
-
-
 @pytest.mark.parametrize(
     ("text", "statement"),
     [

@@ -18,11 +18,6 @@ from cache.training.pairs import read_pairs
 from cache.verifier import DEFAULT_ARTIFACT, TreeEnsemble, Verifier
 
 
-@pytest.fixture(scope="module")
-def verifier() -> Verifier:
-    return Verifier.load()
-
-
 def test_tree_walk_matches_a_hand_built_tree() -> None:
     # One stump: feature 0 <= 0.5 -> -1, else +2; a second tree that is a single leaf of 1.
     ens = TreeEnsemble(

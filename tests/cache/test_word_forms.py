@@ -16,20 +16,7 @@ from cache.pairfeatures import relation
 from cache.plurals import same_terms
 from cache.verifier import Verifier
 from cache.words import suffix_contrast
-from tests.cache.near_misses import judge
-
-
-@pytest.fixture(scope="module")
-def verifier() -> Verifier:
-    return Verifier.load()
-
-
-def assert_never_served(
-    minilm: SentenceTransformerEmbedder, verifier: Verifier, a: str, b: str
-) -> None:
-    for stored, asked in ((a, b), (b, a)):
-        verdict = judge(minilm, verifier, stored, asked).verdict
-        assert not verdict.accepted, (stored, asked, verdict)
+from tests.cache.near_misses import assert_never_served, judge
 
 
 def assert_served(minilm: SentenceTransformerEmbedder, verifier: Verifier, a: str, b: str) -> None:

@@ -10,21 +10,7 @@ from cache.diff import align
 from cache.embedder import SentenceTransformerEmbedder
 from cache.lexicon import Lexicon
 from cache.verifier import Verifier
-from tests.cache.near_misses import judge
-
-
-@pytest.fixture(scope="module")
-def verifier() -> Verifier:
-    return Verifier.load()
-
-
-def assert_never_served(
-    minilm: SentenceTransformerEmbedder, verifier: Verifier, a: str, b: str
-) -> None:
-    for stored, asked in ((a, b), (b, a)):
-        verdict = judge(minilm, verifier, stored, asked).verdict
-        assert not verdict.accepted, (stored, asked, verdict)
-
+from tests.cache.near_misses import assert_never_served
 
 # Names a letter or two apart: two functions, two drugs, two products, two accounts. Neither
 # is a misspelling of a dictionary word, or the unknown one is written like a name.

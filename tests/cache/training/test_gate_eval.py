@@ -22,11 +22,6 @@ TSV = (
 )
 
 
-@pytest.fixture(scope="module")
-def verifier() -> Verifier:
-    return Verifier.load()
-
-
 async def test_report_keys_intervals_and_baselines(tmp_path: Path, verifier: Verifier) -> None:
     path = tmp_path / "pairs.tsv"
     path.write_text(TSV)
