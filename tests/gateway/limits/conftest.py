@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from gateway.limits.memory import MemoryStore
 from gateway.limits.redis_store import RedisLimitStore
 from gateway.limits.store import LimitStore
-from tests.cache.conftest import RedisServer
+from tests.cache.conftest import RedisServer, free_port
 
 T0 = 1_795_000_000.0  # 2026-11-18 (a Wednesday), mid-day UTC
 
@@ -54,3 +56,23 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[LimitStore]:
     s = redis_store(server)
     yield s
     await s.aclose()
+
+
+@pytest.fixture
+def password_redis_server() -> Iterator[tuple[int, int]]:
+    """A redis-server that wants the password s3cret: its port and pid."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed: run `make redis-server`")
+    port = free_port()
+    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    server = subprocess.Popen([binary, *args, "--requirepass", "s3cret"], stdout=subprocess.PIPE)
+    try:
+        assert server.stdout is not None
+        for line in server.stdout:
+            if b"Ready to accept connections" in line:
+                break
+        yield port, server.pid
+    finally:
+        server.kill()
+        server.wait()

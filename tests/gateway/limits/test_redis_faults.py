@@ -9,11 +9,9 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
-import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -34,7 +32,7 @@ from gateway.limits.store import (
     SlotTake,
     StoreUnavailable,
 )
-from tests.cache.conftest import RedisServer, free_port
+from tests.cache.conftest import RedisServer
 from tests.gateway.limits.conftest import Clock
 
 pytestmark = pytest.mark.redis
@@ -278,25 +276,6 @@ async def test_connecting_to_a_server_that_never_answers_auth_leaks_no_socket(
     finally:
         os.kill(pid, signal.SIGCONT)
         await pipe.aclose()
-
-
-@pytest.fixture
-def password_redis_server() -> Iterator[tuple[int, int]]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed: run `make redis-server`")
-    port = free_port()
-    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    server = subprocess.Popen([binary, *args, "--requirepass", "s3cret"], stdout=subprocess.PIPE)
-    try:
-        assert server.stdout is not None
-        for line in server.stdout:
-            if b"Ready to accept connections" in line:
-                break
-        yield port, server.pid
-    finally:
-        server.kill()
-        server.wait()
 
 
 async def test_a_wrong_password_is_named_without_the_password(

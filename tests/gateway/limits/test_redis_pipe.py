@@ -4,10 +4,7 @@ transport (batches, scripts the server forgot, credentials, failures and what th
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -73,28 +70,10 @@ async def test_scripts_the_server_forgot_are_loaded_and_their_calls_sent_again(
         await pipe.aclose()
 
 
-@pytest.fixture
-def password_redis() -> Iterator[int]:
-    """A redis-server that wants a password; its port."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed: run `make redis-server`")
-    port = free_port()
-    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    server = subprocess.Popen([binary, *args, "--requirepass", "s3cret"], stdout=subprocess.PIPE)
-    try:
-        assert server.stdout is not None
-        for line in server.stdout:
-            if b"Ready to accept connections" in line:
-                break
-        yield port
-    finally:
-        server.kill()
-        server.wait()
-
-
-async def test_password_and_database_from_the_url(password_redis: int) -> None:
-    port = password_redis
+async def test_password_and_database_from_the_url(
+    password_redis_server: tuple[int, int],
+) -> None:
+    port, _ = password_redis_server
     count = Script.of("redis.call('INCR', KEYS[1]); return redis.call('GET', KEYS[1])")
     good = ScriptPipe(f"redis://:s3cret@127.0.0.1:{port}/3", timeout_s=2.0)
     try:
