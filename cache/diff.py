@@ -25,6 +25,7 @@ typos, a synonym, a moved clause). So the gate looks at the difference itself:
 from __future__ import annotations
 
 import difflib
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -178,6 +179,16 @@ def _tokens(text: str, lexicon: Lexicon) -> list[Token]:
     return tokenize(text, lexicon)
 
 
+# Pairs of equal words difflib may weigh (the sum over words of their counts on each side
+# multiplied): 4,000 characters of English prose weigh about 6,000; "a b c " * 150 weighs 45,000.
+MAX_ALIGN_WORK = 40_000
+
+
+def _align_work(ka: list[str], kb: list[str]) -> int:
+    counts = Counter(ka)
+    return sum(counts[k] for k in kb)
+
+
 def align(stored: str, query: str, lexicon: Lexicon) -> PairDiff:
     a = _tokens(stored, lexicon)
     b0 = _tokens(query, lexicon)
@@ -185,12 +196,19 @@ def align(stored: str, query: str, lexicon: Lexicon) -> PairDiff:
     b = _rekey(a, b0, lexicon, diff)
     diff.b = b
     ka, kb = [t.key for t in a], [t.key for t in b]
-    matcher = difflib.SequenceMatcher(None, ka, kb, autojunk=False)
     deleted: list[Token] = []
     inserted: list[Token] = []
     replaced: list[tuple[list[Token], list[Token]]] = []
     pairs: list[tuple[int, int]] = []  # (index in a, index in b) of the same word
-    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+    # difflib's matching costs about the pairs of equal words it must weigh, and more on
+    # repetitive text ("a b c " * 600: seconds, on the cache's one search thread): past the
+    # bound no run is aligned, every shared word reads as moved, and the pair is refused.
+    opcodes = (
+        difflib.SequenceMatcher(None, ka, kb, autojunk=False).get_opcodes()
+        if _align_work(ka, kb) <= MAX_ALIGN_WORK
+        else [("replace", 0, len(a), 0, len(b))]
+    )
+    for op, i1, i2, j1, j2 in opcodes:
         if op == "equal":
             pairs.extend(zip(range(i1, i2), range(j1, j2), strict=True))
             diff.surface_changes += sum(

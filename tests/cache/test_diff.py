@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cache.diff import MAX_INVERSIONS, align
+from cache.diff import MAX_ALIGN_WORK, MAX_INVERSIONS, align
 from cache.lexicon import Lexicon
 from cache.pairfeatures import FEATURE_NAMES, pair_features, relation
 from cache.words import edit_distance, prefix_contrast
@@ -128,3 +128,18 @@ def test_aligning_texts_of_random_tokens_stays_bounded() -> None:
     diff = align(a, b, Lexicon.shared())
     assert time.process_time() - started < 2.0  # 9.8 s before; ~0.1 s now
     assert diff.content_inversions == MAX_INVERSIONS + 1
+
+
+def test_repetitive_texts_are_not_aligned_past_the_bound() -> None:
+    """difflib weighs every pair of equal words: "a b c " * 400 against "a b d " * 400 took
+    4 s (2,000 words: tens of seconds, twice per candidate with the plural check), on the
+    search thread every lookup shares. Past MAX_ALIGN_WORK no run is aligned: every shared
+    word reads as moved (the verifier's features see a text rearranged)."""
+    a, b = "a b c " * 400, "a b d " * 400
+    assert MAX_ALIGN_WORK < 400 * 400 * 2
+    diff = align(a, b, Lexicon.shared())
+    assert len(diff.moved) == 800 and len(diff.substituted) == 400
+    # Ordinary prose far below the bound is aligned as before: one run, nothing moved.
+    prose = "The committee met on Tuesday to review the annual budget for road repairs. " * 8
+    same = align(prose, prose.replace("Tuesday", "Monday", 1), Lexicon.shared())
+    assert same.moved == [] and len(same.substituted) == 1
