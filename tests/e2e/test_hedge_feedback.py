@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
-from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy, vllm
+from tests.conftest import (
+    FakeFactory,
+    GatewayFactory,
+    RunningGateway,
+    build_policy,
+    pool_policy,
+    vllm,
+)
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 MODELS = {"m": {"backend": "up", "model": "fake-model"}}
@@ -25,6 +33,15 @@ def policy(urls: list[str]) -> str:
     return pool_policy(urls, "surfaces:\n" + SURFACE)
 
 
+async def streamed(gw: RunningGateway) -> Mapping[str, str]:
+    """One hedgeable streamed request, read to its end: the answer's headers."""
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, stream=True, extra_headers={"X-Surface": "chat"}
+    )
+    _ = [c async for c in raw.parse()]
+    return raw.headers
+
+
 async def test_the_replica_that_lost_a_race_is_recorded_as_slow(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
@@ -33,11 +50,8 @@ async def test_the_replica_that_lost_a_race_is_recorded_as_slow(
     gw = await make_gateway(policy([slow.url, fast.url]))
     hedged = 0
     for _ in range(2):  # idle replicas take turns, so one request starts on the slow one
-        raw = await gw.client.chat.completions.with_raw_response.create(
-            model="m", messages=MESSAGES, stream=True, extra_headers={"X-Surface": "chat"}
-        )
-        _ = [c async for c in raw.parse()]
-        hedged += raw.headers.get("x-gateway-hedge") == "hedge"
+        headers = await streamed(gw)
+        hedged += headers.get("x-gateway-hedge") == "hedge"
     assert hedged == 1
     latency = gw.runtime.latency
     predicted = latency.predict_ttft_ms(slow.url)
@@ -62,13 +76,10 @@ async def test_the_hedge_avoids_a_replica_predicted_slow(
     names = {r.base_url: r.name for r in gw.runtime.pools["up"].replicas}
     for _ in range(3):  # each replica is the router's first choice once
         t0 = time.perf_counter()
-        raw = await gw.client.chat.completions.with_raw_response.create(
-            model="m", messages=MESSAGES, stream=True, extra_headers={"X-Surface": "chat"}
-        )
-        _ = [c async for c in raw.parse()]
-        if raw.headers.get("x-gateway-hedge") is not None:
-            assert raw.headers["x-gateway-hedge"] == "hedge"
-            assert raw.headers["x-gateway-replica"] == f"up/{names[fast.url]}"
+        headers = await streamed(gw)
+        if headers.get("x-gateway-hedge") is not None:
+            assert headers["x-gateway-hedge"] == "hedge"
+            assert headers["x-gateway-replica"] == f"up/{names[fast.url]}"
             assert time.perf_counter() - t0 < 2.0  # not the slow one's 3 s
     assert len(fast.fake.requests) == 3  # once as the primary, twice as the hedge
 
@@ -86,11 +97,8 @@ async def test_a_hedge_does_not_steer_the_next_primary_onto_the_slow_replica(
     gw = await make_gateway(build_policy({"up": backend}, MODELS, "surfaces:\n" + surface))
     hedged = 0
     for _ in range(6):
-        raw = await gw.client.chat.completions.with_raw_response.create(
-            model="m", messages=MESSAGES, stream=True, extra_headers={"X-Surface": "chat"}
-        )
-        _ = [c async for c in raw.parse()]
-        hedged += raw.headers.get("x-gateway-hedge") is not None
+        headers = await streamed(gw)
+        hedged += headers.get("x-gateway-hedge") is not None
     assert hedged == 3  # primaries take turns: only those on the slow replica are hedged
     assert len(slow.fake.requests) == 3
 
@@ -108,10 +116,7 @@ async def test_the_hedge_skips_a_replica_that_asked_to_wait(
     gw = await make_gateway(build_policy({"up": backend}, MODELS, "surfaces:\n" + SURFACE))
     hedged = 0
     for _ in range(4):
-        raw = await gw.client.chat.completions.with_raw_response.create(
-            model="m", messages=MESSAGES, stream=True, extra_headers={"X-Surface": "chat"}
-        )
-        _ = [c async for c in raw.parse()]
-        hedged += raw.headers.get("x-gateway-hedge") == "hedge"
+        headers = await streamed(gw)
+        hedged += headers.get("x-gateway-hedge") == "hedge"
     assert len(paced.fake.requests) == 1  # its 429, moved on to another replica
     assert hedged >= 1  # a primary on the slow replica was hedged, on the fast one
