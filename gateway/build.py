@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.conversations import ResponseStore, StoreLimits, open_store
 from gateway.limits.limiter import Limiter
 from gateway.limits.memory import MemoryStore
-from gateway.limits.store import LimitStore
+from gateway.limits.store import LimitCounts, LimitStore
 from gateway.observability.tracing import Telemetry
 from gateway.runtime import Resources, Runtime
 from policies.backends import Backend, VllmBackend
@@ -350,15 +350,16 @@ async def _limiter(policy: Policy, previous: Runtime | None, clock: Clock | None
     config = policy.shared_state
     if previous is not None and previous.policy.shared_state.redis_url == config.redis_url:
         return previous.limiter
+    # The counts go on from the replaced limiter's: /metrics totals never go back.
+    counts = LimitCounts() if previous is None else previous.limiter.counts
     store: LimitStore
     if config.redis_url:
         from gateway.limits.redis_store import RedisLimitStore
 
-        store = RedisLimitStore(config.redis_url, timeout_s=config.timeout_ms / 1000)
+        timeout_s = config.timeout_ms / 1000
+        store = RedisLimitStore(config.redis_url, timeout_s=timeout_s, counts=counts)
     else:
         store = MemoryStore()
-    # The counts go on from the replaced limiter's: /metrics totals never go back.
-    counts = None if previous is None else previous.limiter.counts
     limiter = Limiter(store, clock=clock, counts=counts)
     _configure_limiter(limiter, config)
     await limiter.start()

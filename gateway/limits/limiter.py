@@ -51,6 +51,7 @@ from gateway.limits.store import (
     BucketTake,
     BudgetGate,
     Hold,
+    LimitCounts,
     LimitStore,
     SlotTake,
     StoreUnavailable,
@@ -91,16 +92,6 @@ class Admission:
 
     def headers(self) -> dict[str, str]:
         return rate_headers(self.requests, self.tokens)
-
-
-@dataclass(slots=True)
-class LimitCounts:
-    """What limiters counted in this process, handed from a limiter to the one a reload builds
-    for a new store, so ``/metrics`` never sees a total go back."""
-
-    granted: int = 0  # requests admitted from a grant
-    unavailable: dict[str, int] = field(default_factory=dict)  # direction (open, closed) -> n
-    alerts: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (tenant, window, %)
 
 
 class Limiter:

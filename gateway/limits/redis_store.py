@@ -17,7 +17,8 @@ answers again. Each check leaves a marker in Redis when it admits (one key per c
 the lease TTL), so the undo gives back exactly what it took, once however often it is sent,
 and a check that reaches Redis after its undo takes nothing. Undos wait in memory while Redis
 is away (at most ``MAX_UNDOS``; past that the oldest are dropped, counted in
-``undos_dropped``: their leases and holds expire after the lease TTL, the buckets drain).
+``llm_gateway_limits_undos_dropped_total``: their leases and holds expire after the lease TTL,
+the buckets drain).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from gateway.limits.store import (
     AcquireRequest,
     AcquireResult,
     Blocker,
+    LimitCounts,
     SettleRequest,
     StoreUnavailable,
     UsageAdd,
@@ -123,6 +125,7 @@ class RedisLimitStore:
         timeout_s: float = 0.05,
         retry_after_s: float = 1.0,
         connections: int = 4,
+        counts: LimitCounts | None = None,  # the limiter's: ``undos_dropped``
     ) -> None:
         self.timeout_s = timeout_s
         self.retry_after_s = retry_after_s
@@ -138,7 +141,7 @@ class RedisLimitStore:
         self._undos: collections.deque[_Undo] = collections.deque()
         self._undo_timer: asyncio.TimerHandle | None = None
         self._closed = False
-        self.undos_dropped = 0
+        self.counts = LimitCounts() if counts is None else counts
         self._mark_prefix = os.urandom(6).hex()
         self._marks = itertools.count()
 
@@ -223,7 +226,7 @@ class RedisLimitStore:
     def _keep_undo(self, undo: _Undo) -> None:
         if len(self._undos) >= MAX_UNDOS:
             self._undos.popleft()  # its leases and hold expire, its units drain
-            self.undos_dropped += 1
+            self.counts.undos_dropped += 1
         self._undos.append(undo)
 
     def _undo_soon(self, delay: float) -> None:

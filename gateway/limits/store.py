@@ -23,7 +23,7 @@ A store that cannot answer raises ``StoreUnavailable``; the limiter decides what
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from gateway.limits.gcra import Rate
@@ -31,6 +31,17 @@ from gateway.limits.gcra import Rate
 SPEND = "spend$"  # the usage record's total, in pUSD
 HELD = "held$"  # pUSD held by the budgeted requests in flight (``Hold``)
 MICRO = 10**6  # pUSD per micro-dollar: a hold is a whole number of them
+
+
+@dataclass(slots=True)
+class LimitCounts:
+    """What the limiters and their stores counted in this process, handed from a limiter to
+    the one a reload builds for a new store, so ``/metrics`` never sees a total go back."""
+
+    granted: int = 0  # requests admitted from a grant
+    unavailable: dict[str, int] = field(default_factory=dict)  # direction (open, closed) -> n
+    alerts: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (tenant, window, %)
+    undos_dropped: int = 0  # undos of lost Redis checks dropped past ``MAX_UNDOS``
 
 
 class StoreUnavailable(Exception):

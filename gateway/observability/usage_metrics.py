@@ -16,6 +16,7 @@ place a cost is rounded (``gateway.limits.cost``).
 | ``llm_gateway_budget_alerts_total`` | tenant, window, fraction |
 | ``llm_gateway_limits_unavailable_total`` (decisions taken while the limit store was down) | direction |
 | ``llm_gateway_limits_granted_total`` (limited requests admitted from a grant, no store call) | - |
+| ``llm_gateway_limits_undos_dropped_total`` (lost checks' undos dropped past 10,000 waiting) | - |
 | ``llm_gateway_upstream_rate_limited_total`` (429s from a backend) | backend |
 | ``llm_gateway_upstream_rate_limit_wait_seconds`` (waiting for a backend's limit to reset) | backend |
 """
@@ -136,6 +137,13 @@ class LimiterCollector(Collector):
             "Limited requests admitted from a grant, without a round trip to the limit store",
         )
         granted.add_metric([], counts.granted)
+        dropped = CounterMetricFamily(
+            "llm_gateway_limits_undos_dropped",
+            "Undos of limit checks whose Redis answer was lost, dropped past the queue's bound "
+            "(what they took expires after lease_ttl_s)",
+        )
+        dropped.add_metric([], counts.undos_dropped)
         yield alerts
         yield down
         yield granted
+        yield dropped

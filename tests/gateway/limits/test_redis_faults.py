@@ -15,7 +15,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
 
+from gateway.limits import redis_store
 from gateway.limits.gcra import Rate
 from gateway.limits.limiter import Limiter, LimitExceeded
 from gateway.limits.redis_pipe import Script, ScriptPipe
@@ -27,11 +29,13 @@ from gateway.limits.store import (
     BucketTake,
     BudgetGate,
     Hold,
+    LimitCounts,
     LimitStore,
     SettleRequest,
     SlotTake,
     StoreUnavailable,
 )
+from gateway.observability.usage_metrics import LimiterCollector
 from tests.cache.conftest import RedisServer
 from tests.gateway.limits.conftest import Clock
 
@@ -179,6 +183,34 @@ async def test_a_check_whose_answer_was_lost_takes_nothing(proxy: Proxy, clock: 
         assert lost.value.maybe_applied
         proxy.drop_down = False
         assert await eventually(await admitted(store, clock))
+    finally:
+        await store.aclose()
+
+
+async def test_undos_past_the_bound_are_dropped_and_counted_on_metrics(
+    proxy: Proxy, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Undos wait in memory while Redis is away, at most ``MAX_UNDOS``: the older ones are
+    dropped, and ``/metrics`` says how many (a total carried across reloads)."""
+    monkeypatch.setattr(redis_store, "MAX_UNDOS", 2)
+    counts = LimitCounts()
+    store = RedisLimitStore(proxy.url, timeout_s=0.2, retry_after_s=0.0, counts=counts)
+    try:
+        await warm(store, clock)
+        proxy.drop_down = True  # every answer lost: the checks' and their undos'
+        for n in range(4):
+            with pytest.raises(StoreUnavailable) as lost:
+                await store.acquire(take(f"lost-{n}", clock))
+            assert lost.value.maybe_applied
+
+        async def dropped() -> bool:  # four undos, two kept: the other two dropped
+            return counts.undos_dropped >= 2
+
+        assert await eventually(dropped)
+        registry = CollectorRegistry()
+        registry.register(LimiterCollector(lambda: Limiter(store, counts=counts)))
+        told = registry.get_sample_value("llm_gateway_limits_undos_dropped_total")
+        assert told == counts.undos_dropped
     finally:
         await store.aclose()
 
