@@ -54,7 +54,7 @@ class FakeSettings:
     tool_call_style: str = "openai"
     cached_tokens: int = 0  # reported as prompt_tokens_details.cached_tokens when > 0
     reasoning: str = ""  # returned as reasoning_content (streamed first) when set
-    finish_reason: str = "stop"  # of whole answers without tool calls ("length": one cut short)
+    finish_reason: str = "stop"  # of answers without tool calls ("length": one cut short)
 
 
 @dataclass
@@ -318,7 +318,7 @@ class FakeUpstream:
                 choice = {"index": 0, "text": f"tok{i} ", "finish_reason": None}
             after: list[list[dict[str, Any]]] = []  # tool calls in chunks of their own
             if i == self.settings.chunks - 1:
-                choice["finish_reason"] = "stop"
+                choice["finish_reason"] = self.settings.finish_reason
                 if chat and self.settings.tool_calls:
                     calls, *after = _streamed_tool_calls(
                         self.settings.tool_calls, self.settings.tool_call_style

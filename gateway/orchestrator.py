@@ -9,6 +9,7 @@ through the one relay path (``gateway.upstream.relay``) with the same ``RelayPla
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
@@ -388,9 +389,25 @@ class Orchestrator:
             return
         if attempt is not None and attempt.capped:
             return
+        # An answer cut at a token limit is the answer to this request only when the limit was
+        # the client's own (the cache key holds it), not a default of the replica's.
+        cut_ok = _output_limit(call.parsed)
         capture = served.watch.capture
-        answer = capture.assembled if capture is not None else storable(result.body)
+        if capture is not None:
+            answer = functools.partial(capture.assembled, cut_ok)
+        else:
+            answer = storable(result.body, cut_ok)
         cache.fill_later(call, lookup, policy, answer)
+
+
+def _output_limit(parsed: ParsedRequest) -> bool:
+    """The client set the answer's token limit (``max_tokens``; Responses' and Messages' own
+    limits arrive as chat's)."""
+    body = parsed.body
+    return any(
+        isinstance(body.get(name), int) and not isinstance(body.get(name), bool)
+        for name in ("max_tokens", "max_completion_tokens")
+    )
 
 
 def _label(call: Call, attempt: Attempt) -> None:

@@ -102,19 +102,22 @@ def _text_parts(choice: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [body]
 
 
-def finished(answer: Mapping[str, Any]) -> bool:
-    """A complete, successful, well-formed answer (module comment)."""
+def finished(answer: Mapping[str, Any], cut_ok: bool = True) -> bool:
+    """A complete, successful, well-formed answer (module comment); one cut at a token limit
+    (``finish_reason: length``) only when ``cut_ok`` (the limit was the client's own)."""
     choices = answer.get("choices")
     if "error" in answer or not isinstance(choices, list) or not choices:
         return False
     chat = answer.get("object", "chat.completion") == "chat.completion"
-    return all(_well_formed(c, chat) for c in choices)
+    return all(_well_formed(c, chat, cut_ok) for c in choices)
 
 
-def _well_formed(choice: Any, chat: bool) -> bool:
+def _well_formed(choice: Any, chat: bool, cut_ok: bool) -> bool:
     if not isinstance(choice, Mapping) or not _is_str(choice.get("finish_reason")):
         return False
     if choice["finish_reason"] not in _NORMAL_FINISH:
+        return False
+    if choice["finish_reason"] == "length" and not cut_ok:
         return False
     if not chat:
         return _is_str(choice.get("text"))

@@ -72,7 +72,8 @@ class StreamCapture:
             return
         self.events.extend(self.splitter.feed(data))
 
-    def assembled(self) -> bytes | None:
+    def assembled(self, cut_ok: bool = True) -> bytes | None:
+        """The stream as one answer, when it is one ``finished`` would store."""
         if self.overflow:
             return None
         chunks: list[dict[str, Any]] = []
@@ -88,14 +89,14 @@ class StreamCapture:
             if isinstance(obj, dict):
                 chunks.append(obj)
         answer = assemble(chunks, done=done)
-        if answer is None or not finished(answer):
+        if answer is None or not finished(answer, cut_ok):
             return None
         return render_json(answer)
 
 
-def storable(body: bytes | None) -> Callable[[], bytes | None]:
-    """A non-streamed answer, checked (after the response) to be complete and successful, and
-    no longer than a stream the cache would keep (``MAX_STORED_BYTES``)."""
+def storable(body: bytes | None, cut_ok: bool = True) -> Callable[[], bytes | None]:
+    """A non-streamed answer, checked (after the response) to be complete and successful
+    (``finished``), and no longer than a stream the cache would keep (``MAX_STORED_BYTES``)."""
 
     def check() -> bytes | None:
         if body is None or len(body) > MAX_STORED_BYTES:
@@ -104,7 +105,7 @@ def storable(body: bytes | None) -> Callable[[], bytes | None]:
             data = upstream_json.loads(body)
         except ValueError:
             return None
-        return body if isinstance(data, dict) and finished(data) else None
+        return body if isinstance(data, dict) and finished(data, cut_ok) else None
 
     return check
 

@@ -156,3 +156,29 @@ async def test_a_hit_has_fresh_tool_call_ids(
         ids += [call.id for call in calls]
     assert raw.headers["x-gateway-cache"] == "exact"
     assert len(set(ids)) == 6 and len(up.fake.requests) == 1
+
+
+async def test_an_answer_cut_at_the_replicas_own_limit_is_not_stored(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """``finish_reason: length`` with no ``max_tokens`` from the client: the replica's default
+    cut the answer, so it is no answer to the question (the probe's repro: the second request
+    replayed the truncated text), streamed or not. Cut at the client's own limit, it is the
+    answer to exactly that request (the key holds the limit) and is stored."""
+    up = await make_fake(reply="a truncated", finish_reason="length")
+    gw = await make_gateway(
+        pool_policy([up.url], "surfaces:\n  default:\n    cache: {exact: true}")
+    )
+    for _ in range(2):
+        _, headers = await ask(gw, gw.client)
+        assert headers["x-gateway-cache"] == "miss"
+        chunks = await gw.client.chat.completions.create(
+            model="m", messages=QUESTION, temperature=0, stream=True
+        )
+        finish = [c.choices[0].finish_reason async for c in chunks if c.choices]
+        assert finish[-1] == "length"
+        await gw.runtime.cache.drain()  # type: ignore[union-attr]
+    assert len(up.fake.requests) == 4  # each asked the replica
+    _, headers = await ask(gw, gw.client, max_tokens=5)
+    _, headers = await ask(gw, gw.client, max_tokens=5)
+    assert headers["x-gateway-cache"] == "exact" and len(up.fake.requests) == 5
