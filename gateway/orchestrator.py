@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
@@ -393,10 +394,11 @@ class Orchestrator:
         # the client's own (the cache key holds it), not a default of the replica's.
         cut_ok = _output_limit(call.parsed)
         capture = served.watch.capture
-        if capture is not None:
-            answer = functools.partial(capture.assembled, cut_ok)
-        else:
-            answer = storable(result.body, cut_ok)
+        answer: Callable[[], bytes | None] = (
+            storable(result.body, cut_ok)
+            if capture is None
+            else functools.partial(capture.assembled, cut_ok)
+        )
         cache.fill_later(call, lookup, policy, answer)
 
 
