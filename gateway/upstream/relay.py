@@ -51,6 +51,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.errors import Unavailable, UpstreamError, UpstreamTimeout, stopping
+from gateway.protocol import upstream_json
 from gateway.protocol.answers import render_sse
 from gateway.protocol.sse import MAX_EVENT_BYTES, EventTooLong, Framing
 from gateway.upstream.attempt import Attempt
@@ -297,7 +298,32 @@ async def read_whole(attempt: Attempt, deadline: float | None, max_bytes: int) -
         raise UpstreamError(
             "the upstream answered 200 with a body that is not a JSON answer", code="bad_gateway"
         )
+    if upstream.status == 200 and b'"error"' in body and _error_object(body):
+        # A provider (or a proxy) that tells its failure with a 200: not an answer either.
+        log.warning("an upstream answered 200 with an error object")
+        attempt.fail("bad_answer", "an error object answered 200")
+        raise UpstreamError(
+            "the upstream answered 200 with an error object, not an answer", code="bad_gateway"
+        )
     return body
+
+
+def _error_object(body: bytes) -> bool:
+    """An error told with a 200: ``{"error": ...}`` (OpenAI's shape; Anthropic's adds ``type:
+    error``) and none of an answer's parts (a Responses object has ``error: null``, a failed
+    one its ``output`` beside it)."""
+    try:
+        data = upstream_json.loads(body)
+    except ValueError:
+        return False
+    return (
+        isinstance(data, dict)
+        and data.get("error") is not None
+        and not any(key in data for key in _ANSWER_KEYS)
+    )
+
+
+_ANSWER_KEYS = ("choices", "output", "content", "data")  # chat/completions, Responses, Messages
 
 
 def _json_object(body: bytes, headers: Mapping[str, str]) -> bool:

@@ -432,3 +432,32 @@ async def test_a_misshapen_answer_is_never_stored_in_the_cache(
             await gw.runtime.cache.drain()  # type: ignore[union-attr]
     assert seen == [(200, "miss"), (200, "miss")]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+ERRORS_TOLD_WITH_200 = [
+    '{"error": {"message": "hidden error in 200", "type": "server_error"}}',
+    '{"type": "error", "error": {"type": "overloaded_error", "message": "hidden"}}',
+    '{"error": "hidden error in 200"}',
+]
+
+
+@pytest.mark.parametrize("raw", ERRORS_TOLD_WITH_200)
+async def test_an_error_told_with_a_200_is_a_502_in_each_api(
+    odd_upstream: OddUpstream, make_gateway: GatewayFactory, raw: str
+) -> None:
+    """A provider or proxy that answers its failure with a 200: a 502 in the caller's format,
+    the replica's ``bad_answer``, never a stored empty answer (it was a 200 relayed as it came
+    on chat, an empty completed Response, a Message with no content)."""
+    odd_upstream.raw = raw
+    surfaces = {"default": {"cache": {"exact": True}}}
+    gw = await make_gateway(pool_policy([odd_upstream.url], surfaces=surfaces))
+    async with aiohttp.ClientSession() as session:
+        for path, body, _ in CALLS:
+            async with session.post(gw.root + path, json={"model": "m", **body}) as r:
+                answer = await r.json()
+            assert r.status == 502, (path, answer)
+            kind = answer["error"]["type"]
+            assert kind == ("api_error" if path == "/v1/messages" else "upstream_error"), answer
+            assert "hidden" not in json.dumps(answer)
+    assert await metric([gw], "llm_gateway_upstream_attempts_total", outcome="bad_answer") == 3
+    assert await metric([gw], "llm_gateway_requests_total", status="200") == 0
