@@ -2,14 +2,14 @@
 
 ``render_sse`` streams a complete OpenAI answer (``chat.completion`` or ``text_completion``) as
 the chunks an upstream would have sent: per choice, a role chunk, one chunk carrying the whole
-content (text, ``reasoning_content``, ``refusal``, tool calls with their ``index`` and their
-``arguments`` as JSON text, ``logprobs``), and a finish chunk; then the usage chunk when the
+content (text, ``reasoning_content``, ``refusal``, signed ``thinking_blocks``, tool calls with
+their ``index`` and their ``arguments`` as JSON text, ``logprobs``), and a finish chunk; then the usage chunk when the
 client asked for ``stream_options.include_usage``, and ``data: [DONE]``. It serves held cascade
 answers and cache hits alike.
 
 ``assemble`` does the reverse: it adds streamed chunk objects up to the complete answer they
-make (content, reasoning, refusal, tool calls merged by ``index``, logprobs concatenated,
-the last usage seen), or None when the stream did not finish or carried an error.
+make (content, reasoning, refusal, signed thinking blocks, tool calls merged by ``index``,
+logprobs concatenated, the last usage seen), or None when the stream did not finish or carried an error.
 
 Two readings every re-telling of a chat answer shares (this module's assembler, the Responses
 and Messages translators): ``arguments_text``, a tool call's ``arguments`` as JSON text (HF TGI
@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gateway.protocol.sse import DONE_EVENT, encode
+from gateway.protocol.thinking import signed_blocks
 
 _FINISHED = frozenset({"stop", "length", "tool_calls", "function_call", "content_filter"})
 _NORMAL_FINISH = frozenset({"stop", "length", "tool_calls", "function_call"})
@@ -75,6 +76,8 @@ def _chat_parts(choice: Mapping[str, Any]) -> list[dict[str, Any]]:
         delta["tool_calls"] = [_streamed_call(call, i) for i, call in enumerate(calls)]
     if isinstance(message.get("function_call"), Mapping):
         delta["function_call"] = message["function_call"]
+    if blocks := signed_blocks(message.get("thinking_blocks")):
+        delta["thinking_blocks"] = blocks  # as an Anthropic backend's stream carries them
     body: dict[str, Any] = {"delta": delta}
     if choice.get("logprobs") is not None:
         body["logprobs"] = choice["logprobs"]
@@ -194,11 +197,12 @@ class ToolCallSlots:
 
 
 class _Choice:
-    __slots__ = ("finish", "logprobs", "role", "slots", "text", "tools")
+    __slots__ = ("blocks", "finish", "logprobs", "role", "slots", "text", "tools")
 
     def __init__(self) -> None:
         self.role = "assistant"
         self.text: dict[str, list[str]] = {}
+        self.blocks: list[dict[str, Any]] = []  # signed thinking (``gateway.protocol.thinking``)
         self.tools: dict[int, dict[str, Any]] = {}
         self.slots = ToolCallSlots()
         self.logprobs: dict[str, Any] | None = None
@@ -252,6 +256,7 @@ def assemble(chunks: Iterable[Mapping[str, Any]], *, done: bool) -> dict[str, An
                     if not _is_str(delta[name]):
                         return None
                     slot.text.setdefault(name, []).append(delta[name])
+            slot.blocks.extend(signed_blocks(delta.get("thinking_blocks")))
             calls = delta.get("tool_calls") or []
             if not isinstance(calls, list) or not all(
                 _merge_tool_call(slot.tools, slot.slots, c, k, len(calls) == 1)
@@ -279,6 +284,8 @@ def _choice(index: int, slot: _Choice, chat: bool) -> dict[str, Any]:
         for name in ("reasoning_content", "refusal"):
             if name in slot.text:
                 message[name] = "".join(slot.text[name])
+        if slot.blocks:
+            message["thinking_blocks"] = slot.blocks
         if slot.tools:
             message["tool_calls"] = [slot.tools[i] for i in sorted(slot.tools)]
             message["content"] = message["content"] or None

@@ -335,3 +335,38 @@ async def test_a_stateless_responses_tool_loop_sends_its_reasoning_items_back(
     thinking, block = sent_thinking(up)
     assert thinking is None and block["type"] != "thinking"
     assert up.fake.problems == []
+
+
+async def test_a_cached_answer_keeps_its_signed_thinking_streamed_or_not(
+    make_anthropic: AnthropicFactory, make_gateway: GatewayFactory
+) -> None:
+    """An answer stored from a stream is assembled with its signed thinking blocks, and a hit
+    replays them, whole or streamed: a tool loop continued from a cached answer can send them
+    back (a stream's answer was stored without them)."""
+    up = await make_anthropic()
+    cache = "surfaces:\n  default:\n    cache: {exact: true, allow_temperature: true}"
+    gw = await make_gateway(anthropic_policy(up.url, surfaces=cache))
+    up.fake.queue("tool_use")
+    stream = await gw.client.chat.completions.create(
+        model="c", messages=ASK, tools=WEATHER, reasoning_effort="low", stream=True
+    )
+    blocks: list[Any] = []
+    async for chunk in stream:
+        blocks += (chunk.choices[0].delta.model_extra or {}).get("thinking_blocks") or []
+    assert blocks and blocks[0]["signature"]
+    await gw.runtime.cache.drain()  # type: ignore[union-attr]
+    sent = len(up.fake.requests)
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="c", messages=ASK, tools=WEATHER, reasoning_effort="low"
+    )
+    assert raw.headers["x-gateway-cache"] == "exact"
+    message: Any = raw.parse().choices[0].message
+    assert message.thinking_blocks == blocks and message.tool_calls
+    stream = await gw.client.chat.completions.create(
+        model="c", messages=ASK, tools=WEATHER, reasoning_effort="low", stream=True
+    )
+    replayed: list[Any] = []
+    async for chunk in stream:
+        replayed += (chunk.choices[0].delta.model_extra or {}).get("thinking_blocks") or []
+    assert replayed == blocks
+    assert len(up.fake.requests) == sent  # both were hits
