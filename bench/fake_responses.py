@@ -6,7 +6,8 @@ answering as vLLM does: ``{"count", "max_model_len", "tokens"}``.
 
 ``/v1/responses`` answers as a server that implements OpenAI's Responses API itself (vLLM and
 OpenAI do; the gateway relays it with ``responses: passthrough``): a ``response`` object with one
-message of the fake's reply, or, streamed, the typed events from ``response.created`` to
+message of the fake's reply (after a reasoning item when the fake has ``reasoning``, and a
+code-interpreter call when the request has that tool), or, streamed, the typed events from ``response.created`` to
 ``response.completed``, one ``response.output_text.delta`` per word, and no ``data: [DONE]``.
 Like such a server it keeps state: each response has its own id, and a ``previous_response_id``
 it never answered is a 400 ``previous_response_not_found``.
@@ -61,6 +62,7 @@ def add_routes(app: web.Application, fake: FakeUpstream) -> None:
         answered.append(f"resp_{uuid.uuid4().hex}")
         words = fake.settings.reply.split(" ")
         response = _response(body, " ".join(words), fake.usage(5, len(words)), answered[-1])
+        response["output"][:0] = _made(body, fake.settings.reasoning)
         if not body.get("stream"):
             fake.completed += 1
             return web.json_response(response)
@@ -129,17 +131,43 @@ def _response(
     }
 
 
+def _made(body: dict[str, Any], reasoning: str) -> list[dict[str, Any]]:
+    """The output items before the message: a reasoning item (the fake's ``reasoning`` set),
+    a code-interpreter call in its container (the one named, else a new one) when the request
+    has that tool. A stateful server keeps both: a later request may name them by id."""
+    made: list[dict[str, Any]] = []
+    if reasoning:
+        summary = [{"type": "summary_text", "text": reasoning}]
+        made.append({"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "summary": summary})
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict) and tool.get("type") == "code_interpreter":
+            named = tool.get("container")
+            container = named if isinstance(named, str) else f"cntr_{uuid.uuid4().hex}"
+            made.append(
+                {"id": f"ci_{uuid.uuid4().hex}", "type": "code_interpreter_call",
+                 "status": "completed", "code": "print(1)", "container_id": container,
+                 "outputs": None}
+            )  # fmt: skip
+    return made
+
+
 def _events(response: dict[str, Any], words: list[str]) -> list[dict[str, Any]]:
-    message = response["output"][0]
+    *made, message = response["output"]
+    at = len(made)  # the message's output index
     start = {**response, "status": "in_progress", "output": [], "usage": None}
-    where = {"item_id": message["id"], "output_index": 0, "content_index": 0}
+    where = {"item_id": message["id"], "output_index": at, "content_index": 0}
     empty_part = {"type": "output_text", "text": "", "annotations": []}
     events: list[dict[str, Any]] = [
         {"type": "response.created", "response": start},
         {"type": "response.in_progress", "response": start},
+    ]
+    for index, item in enumerate(made):
+        events.append({"type": "response.output_item.added", "output_index": index, "item": item})
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    events += [
         {
             "type": "response.output_item.added",
-            "output_index": 0,
+            "output_index": at,
             "item": {**message, "status": "in_progress", "content": []},
         },
         {"type": "response.content_part.added", **where, "part": empty_part},
@@ -153,7 +181,7 @@ def _events(response: dict[str, Any], words: list[str]) -> list[dict[str, Any]]:
     events += [
         {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
         {"type": "response.content_part.done", **where, "part": message["content"][0]},
-        {"type": "response.output_item.done", "output_index": 0, "item": message},
+        {"type": "response.output_item.done", "output_index": at, "item": message},
         {"type": "response.completed", "response": response},
     ]
     return events

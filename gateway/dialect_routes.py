@@ -115,6 +115,8 @@ async def _create_response(request: web.Request) -> web.StreamResponse:
                 )
             await _stored(rt, tenant, previous, "previous_response_id", relayed=True)
         _no_upstream_state(body)
+        for name, param in _named_objects(body):
+            await _owned(rt, tenant, name, param)
         stored = body.get("store") is not False
         request_ = relayed_request(body["model"], passthrough.stream, stored)
         call = ResponsesCall(request_, tenant, rt.responses, passthrough=passthrough)
@@ -147,6 +149,50 @@ def _no_upstream_state(body: dict[str, Any]) -> None:
                     "send the item itself or continue with 'previous_response_id'",
                     param=f"input[{index}]",
                 )
+
+
+def _named_objects(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """The objects of other responses a passthrough request names by id, each with where:
+    reasoning items sent back by id alone (no ``encrypted_content``: the upstream reads them
+    from its store) and code-interpreter containers. Each must be one the caller's own
+    responses made (``ResponsesCall.owned``)."""
+    named: list[tuple[str, str]] = []
+    items = body.get("input")
+    for index, item in enumerate(items if isinstance(items, list) else ()):
+        if _stored_reasoning(item):
+            named.append((item["id"], f"input[{index}]"))
+    tools = body.get("tools")
+    for index, tool in enumerate(tools if isinstance(tools, list) else ()):
+        if isinstance(tool, dict) and tool.get("type") == "code_interpreter":
+            container = tool.get("container")  # an id, or an object asking for a new one
+            if isinstance(container, str):
+                named.append((container, f"tools[{index}].container"))
+    return named
+
+
+def _stored_reasoning(item: Any) -> bool:
+    """A reasoning item sent back by its id alone, for the upstream to read from its store."""
+    return (
+        isinstance(item, dict)
+        and item.get("type") == "reasoning"
+        and not item.get("encrypted_content")
+        and isinstance(item.get("id"), str)
+    )
+
+
+async def _owned(rt: Runtime, tenant: str, name: str, param: str) -> None:
+    """A 400 unless a response of the caller's made ``name`` (another tenant's is unknown)."""
+    try:
+        record = await rt.responses.get(tenant, name)
+    except StoreUnavailable as exc:
+        raise _store_unavailable(rt) from exc
+    if record is None or not record.relayed:
+        raise BadRequest(
+            f"'{name[:64]}' was not made by a response of this caller through this gateway; "
+            "send the item itself (reasoning with its encrypted_content) or continue with "
+            "'previous_response_id'",
+            param=param,
+        )
 
 
 def _by_reference(item: dict[str, Any]) -> bool:

@@ -11,6 +11,7 @@ drives both through ``gateway.upstream.out.ClientDialect``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from gateway.protocol.relayed import (
     MESSAGES_END,
     RESPONSES_END,
     RelayedStream,
-    answer_id,
+    answer_ids,
     messages_error,
     responses_error,
 )
@@ -45,6 +46,7 @@ from gateway.upstream.out import ClientStream
 
 log = logging.getLogger("llm_gateway.dialects")
 _UNREADABLE_ANSWER = "the upstream's answer could not be read"
+MAX_OWNED = 16  # ids of objects one relayed response made that are recorded as the tenant's
 
 
 def _retold(body: bytes, translate: Callable[[Any], dict[str, Any]]) -> dict[str, Any] | None:
@@ -78,6 +80,7 @@ class ResponsesCall:
     response_id: str = field(default_factory=lambda: new_id("resp"))
     final: dict[str, Any] | None = None  # the Response object, once it is known
     relayed_id: str | None = None  # a passthrough's: the id of the response kept upstream
+    owned: tuple[str, ...] = ()  # a passthrough's: what else it made upstream (``owned_ids``)
     _stream: ResponsesStream | None = None
     _relayed: RelayedStream | None = None
     parsed: ParsedRequest = field(init=False)  # what the stages run: translated once, here
@@ -94,7 +97,7 @@ class ResponsesCall:
 
     def render(self, status: int, body: bytes) -> tuple[int, bytes]:
         if status == 200 and self.passthrough is not None:
-            self.relayed_id = answer_id(body)
+            self.relayed_id, self.owned = answer_ids(body)
         if status != 200 or self.passthrough is not None:
             return status, body  # errors are OpenAI's shape in both APIs
         self.final = _retold(
@@ -119,12 +122,15 @@ class ResponsesCall:
         if self._stream is not None and self._stream.done and not self._stream.failed:
             self.final = self._stream.response
         if self._relayed is not None:
-            self.relayed_id = self._relayed.response_id
+            self.relayed_id, self.owned = self._relayed.response_id, self._relayed.owned
         if not self.request.store or self.store is None:
             return
         if self.passthrough is not None:
-            if self.relayed_id is not None:
-                await self._put(StoredResponse.ownership(self.tenant, self.relayed_id))
+            if self.relayed_id is not None:  # with it, the reasoning items and containers it made
+                names = (self.relayed_id, *self.owned[:MAX_OWNED])
+                await asyncio.gather(
+                    *(self._put(StoredResponse.ownership(self.tenant, n)) for n in names)
+                )
             return
         final = self.final
         if final is None:

@@ -12,7 +12,10 @@ SSE, so both spellings are matched.
 
 A relayed Responses stream also names the response the upstream stores (``response_id``, read
 from the first event that carries the Response object: ``response.created``), as
-``answer_id`` reads it from a whole answer: the gateway records whose it is.
+``answer_id`` reads it from a whole answer: the gateway records whose it is. So are the other
+objects the upstream keeps for it that a later request may name by id (``owned``, read from the
+final Response object; ``owned_ids``): its reasoning items (sent back by id alone, the upstream
+reads them from its store) and the code-interpreter containers it made.
 """
 
 from __future__ import annotations
@@ -48,12 +51,31 @@ def messages_error(error: GatewayError) -> bytes:
     return encode_named("error", error_body(error_status(error.status), error.message))
 
 
-def answer_id(body: bytes) -> str | None:
-    """The id of a whole Responses answer (a Response object); None when it has none."""
+def answer_ids(body: bytes) -> tuple[str | None, tuple[str, ...]]:
+    """The id of a whole Responses answer (a Response object; None when it has none) and the
+    ids of the objects it made (``owned_ids``)."""
     try:
-        return _id_of(upstream_json.loads(body))
+        response = upstream_json.loads(body)
     except ValueError:
-        return None
+        return None, ()
+    return _id_of(response), owned_ids(response)
+
+
+def owned_ids(response: Any) -> tuple[str, ...]:
+    """The ids a Response object's output gives its caller to name later: reasoning items and
+    the containers of code-interpreter calls."""
+    output = response.get("output") if isinstance(response, dict) else None
+    found: list[str] = []
+    for item in output if isinstance(output, list) else ():
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        name = item.get("id") if kind == "reasoning" else None
+        if kind == "code_interpreter_call":
+            name = item.get("container_id")
+        if isinstance(name, str) and name:
+            found.append(name)
+    return tuple(found)
 
 
 def _id_of(response: Any) -> str | None:
@@ -64,7 +86,7 @@ def _id_of(response: Any) -> str | None:
 
 
 class RelayedStream:
-    __slots__ = ("_ends", "_error", "_events", "_tail", "done", "failed", "response_id")
+    __slots__ = ("_ends", "_error", "_events", "_tail", "done", "failed", "owned", "response_id")
 
     def __init__(
         self,
@@ -79,7 +101,7 @@ class RelayedStream:
         self.done = False
         self.failed = False  # an error event: the upstream's, or the gateway's (``fail``)
         self.response_id: str | None = None  # with ``ids``: the Responses stream's response
-        # Events are split only until the id is found (the first event, as a rule).
+        self.owned: tuple[str, ...] = ()  # with ``ids``: what its output made (``owned_ids``)
         self._events = EventSplitter() if ids else None
 
     def start(self) -> bytes:
@@ -93,20 +115,26 @@ class RelayedStream:
             self.failed = True
         self._tail = seen[-32:]
         if self._events is not None:
-            self._read_id(self._events.feed(data))
+            self._read_ids(self._events.feed(data))
         return data
 
-    def _read_id(self, events: list[bytes]) -> None:
+    def _read_ids(self, events: list[bytes]) -> None:
+        """The response's id from its first event that has it, what it made from its last."""
         for event in events:
             payload = event_data(event)
             if b'"response"' not in payload:  # a delta: no Response object in it
                 continue
+            last = any(end in b"\n" + event for end in self._ends)
+            if self.response_id is not None and not last:
+                continue
             try:
-                found = _id_of(upstream_json.loads(payload).get("response"))
+                response = upstream_json.loads(payload).get("response")
             except (ValueError, AttributeError):
                 continue
-            if found is not None:
-                self.response_id = found
+            if self.response_id is None:
+                self.response_id = _id_of(response)
+            if last:
+                self.owned = owned_ids(response)
                 self._events = None
                 return
 

@@ -535,3 +535,48 @@ async def test_passthrough_refuses_upstream_state_it_cannot_tell_the_owner_of(
         await gw.client.responses.create(model="m", **body)
     assert refused.value.param == param
     assert up.fake.requests == []  # never relayed
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_passthrough_relays_reasoning_items_and_containers_only_to_their_owner(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, stream: bool
+) -> None:
+    """A reasoning item sent back by id alone (the openai client's ``input += output``) and a
+    code-interpreter container are read by the upstream from its store, which holds every
+    tenant's under the gateway's one key: another tenant naming them was relayed (the probe's
+    repro). The owner's loop goes on; anyone else's id is a 400, never relayed."""
+    up = await make_fake(reasoning="thinking it over")
+    models = {"m": {"backend": "up", "model": "fake-model"}}
+    policy = build_policy({"up": vllm(up.url, responses="passthrough")}, models, TENANTS)
+    gw_a = await make_gateway(policy, api_key=KEY_A)
+    tools: Any = [{"type": "code_interpreter", "container": {"type": "auto"}}]
+    if stream:
+        async with gw_a.client.responses.stream(model="m", input="Hi", tools=tools) as events:
+            first = await events.get_final_response()
+    else:
+        first = await gw_a.client.responses.create(model="m", input="Hi", tools=tools)
+    reasoning, call = first.output[0], first.output[1]
+    assert reasoning.type == "reasoning" and call.type == "code_interpreter_call"
+    again: Any = [
+        {"role": "user", "content": "Hi"},
+        {"type": "reasoning", "id": reasoning.id, "summary": []},
+        {"role": "user", "content": "Go on"},
+    ]
+    in_container: Any = [{"type": "code_interpreter", "container": call.container_id}]
+    mine = await gw_a.client.responses.create(model="m", input=again, tools=in_container)
+    assert mine.output_text and up.fake.requests[-1].body["input"][1]["id"] == reasoning.id
+    sent = len(up.fake.requests)
+    as_b = openai.AsyncOpenAI(base_url=gw_a.base_url, api_key=KEY_B, max_retries=0)
+    try:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await as_b.responses.create(model="m", input=again)
+        assert refused.value.param == "input[1]"
+        with pytest.raises(openai.BadRequestError) as refused:
+            await as_b.responses.create(model="m", input="Hi", tools=in_container)
+        assert refused.value.param == "tools[0].container"
+        # Sent with its encrypted content, an item is the caller's own to send.
+        sealed = {**again[1], "encrypted_content": "opaque"}
+        await as_b.responses.create(model="m", input=[again[0], sealed])
+    finally:
+        await as_b.close()
+    assert len(up.fake.requests) == sent + 1  # only the self-contained one was relayed
