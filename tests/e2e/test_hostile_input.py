@@ -106,6 +106,30 @@ async def test_bodies_that_are_not_strict_json_are_400_and_never_forwarded(
     assert (await post_raw(root, dumped())).status == 200
 
 
+async def test_a_body_of_millions_of_values_is_413_without_holding_the_loop(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """Ten million ``{}`` (30 MB, under the body limit) held the event loop for 40 s and took
+    1.5 GB, everyone's requests waiting (the probe's repro): past ``MAX_VALUES`` a body is a
+    413 before it is parsed. Brackets and commas inside strings are text, not values, and
+    100,000 brackets nested 120 deep a thousand times over pass without a walk of them."""
+    fake, root = await start(make_fake, make_gateway, max_body_bytes=64 * 1024 * 1024)
+    many = dumped(x=[]).replace(b'"x": []', b'"x": [' + b",".join([b"{}"] * 1_100_000) + b"]")
+    err = openai_error(await post_raw(root, many), 413)
+    assert "1,000,000 JSON values" in err["message"] and fake.fake.requests == []
+    text = "a, [b], {c}, " * 400_000  # 5 MB of text with 2 million commas and brackets
+    answer = await post_raw(root, dumped(messages=[{"role": "user", "content": text}]))
+    assert answer.status == 200, answer.body[:300]
+    nested = b"[" * 120 + b"]" * 120
+    deep = dumped(metadata=0).replace(
+        b'"metadata": 0', b'"user": "u", "x": [' + b",".join([nested] * 1000) + b"]"
+    )
+    assert (await post_raw(root, deep)).status == 200
+    too_deep = deep.replace(nested, b"[" * 7 + nested + b"]" * 7, 1)  # 129 levels, one place
+    err = openai_error(await post_raw(root, too_deep), 400)
+    assert "nested deeper than 128" in err["message"]
+
+
 async def test_surrogate_pairs_and_escaped_backslashes_are_fine(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
