@@ -550,6 +550,7 @@ async def test_passthrough_relays_reasoning_items_and_containers_only_to_their_o
     policy = build_policy({"up": vllm(up.url, responses="passthrough")}, models, TENANTS)
     gw_a = await make_gateway(policy, api_key=KEY_A)
     tools: Any = [{"type": "code_interpreter", "container": {"type": "auto"}}]
+    first: Any
     if stream:
         async with gw_a.client.responses.stream(model="m", input="Hi", tools=tools) as events:
             first = await events.get_final_response()
@@ -575,7 +576,7 @@ async def test_passthrough_relays_reasoning_items_and_containers_only_to_their_o
             await as_b.responses.create(model="m", input="Hi", tools=in_container)
         assert refused.value.param == "tools[0].container"
         # Sent with its encrypted content, an item is the caller's own to send.
-        sealed = {**again[1], "encrypted_content": "opaque"}
+        sealed: Any = {**again[1], "encrypted_content": "opaque"}
         await as_b.responses.create(model="m", input=[again[0], sealed])
     finally:
         await as_b.close()
