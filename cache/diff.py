@@ -98,11 +98,24 @@ def _named(tok: Token) -> bool:
     return tok.capitalised or any(c.isupper() for c in tok.surface[1:])
 
 
+# Pairs of words weighed as a possible typo (a dictionary look-up or two each): a question
+# lacks a few words of the other on each side, a few dozen pairs; two long texts that lack
+# hundreds are no typo apart, and past the bound their other words stay as written (the
+# search would grow with the product of the two counts, on the cache's one search thread).
+MAX_TYPO_TRIALS = 4096
+
+
 def _rekey(a: list[Token], b: list[Token], lexicon: Lexicon, diff: PairDiff) -> list[Token]:
     """Give b's typos and split/joined compounds the keys of their counterparts in a."""
     keys_a = {t.key for t in a}
     keys_b = {t.key for t in b}
     only_a = [t for t in a if t.key not in keys_b and t.is_content]
+    by_norm: dict[str, list[Token]] = {}  # only_a's words by spelling, in order
+    for t in only_a:
+        by_norm.setdefault(t.norm, []).append(t)
+    misspellable = [t for t in only_a if _spelt_out(t)]
+    pairs = _neighbour_pairs(a)
+    trials = 0
     out = list(b)
     i = 0
     while i < len(out):
@@ -111,41 +124,52 @@ def _rekey(a: list[Token], b: list[Token], lexicon: Lexicon, diff: PairDiff) -> 
             i += 1
             continue
         if i + 1 < len(out):
-            joined = tok.norm + out[i + 1].norm
-            partner = next((t for t in only_a if t.norm == joined), None)
-            if partner is not None:
+            joined = by_norm.get(tok.norm + out[i + 1].norm)
+            if joined:
+                partner = joined[0]
                 out[i] = Token(tok.surface, tok.norm, partner.key, tok.position, tok.capitalised)
                 out.pop(i + 1)
                 diff.compounds += 1
                 i += 1
                 continue
-        split = _split_compound(tok, a)
-        if split is not None:
-            out[i : i + 1] = split
+        j = pairs.get(tok.norm)
+        if j is not None:
+            out[i : i + 1] = [
+                Token(tok.surface, a[j].norm, a[j].key, tok.position, tok.capitalised),
+                Token(tok.surface, a[j + 1].norm, a[j + 1].key, tok.position, tok.capitalised),
+            ]
             diff.compounds += 1
-            i += len(split)
+            i += 2
             continue
-        if tok.is_content and not tok.surface.isupper():
-            partner = next(
-                (t for t in only_a if not t.surface.isupper() and _is_typo(t, tok, lexicon)),
-                None,
-            )
-            if partner is not None:
-                out[i] = Token(tok.surface, tok.norm, partner.key, tok.position, tok.capitalised)
-                only_a.remove(partner)
+        if tok.is_content and _spelt_out(tok) and trials < MAX_TYPO_TRIALS:
+            misspelt: Token | None = None
+            for t in misspellable[: MAX_TYPO_TRIALS - trials]:
+                trials += 1
+                if _is_typo(t, tok, lexicon):
+                    misspelt = t
+                    break
+            if misspelt is not None:
+                out[i] = Token(tok.surface, tok.norm, misspelt.key, tok.position, tok.capitalised)
+                misspellable.remove(misspelt)
+                by_norm[misspelt.norm].remove(misspelt)
                 diff.typos += 1
         i += 1
     return out
 
 
-def _split_compound(tok: Token, a: list[Token]) -> list[Token] | None:
+def _spelt_out(tok: Token) -> bool:
+    """A word ``_is_typo`` may weigh: letters only, four or more, not an acronym."""
+    return tok.norm.isalpha() and len(tok.norm) >= 4 and not tok.surface.isupper()
+
+
+def _neighbour_pairs(a: list[Token]) -> dict[str, int]:
+    """Each two neighbouring words of ``a`` written as one ("set" "up": "setup"), to where the
+    first such pair starts: a word of b that splits into them."""
+    out: dict[str, int] = {}
     for j in range(len(a) - 1):
-        if a[j].norm + a[j + 1].norm == tok.norm and a[j].norm and a[j + 1].norm:
-            return [
-                Token(tok.surface, a[j].norm, a[j].key, tok.position, tok.capitalised),
-                Token(tok.surface, a[j + 1].norm, a[j + 1].key, tok.position, tok.capitalised),
-            ]
-    return None
+        if a[j].norm and a[j + 1].norm:
+            out.setdefault(a[j].norm + a[j + 1].norm, j)
+    return out
 
 
 # Inverted pairs of shared content words examined (each for a pivot between it): a paraphrase
@@ -296,9 +320,17 @@ def _order(diff: PairDiff, pos_in_b: list[tuple[int, int]]) -> None:
             diff.moved_block_relation = True
     content = [(i, j) for i, j in pos_in_b if diff.a[i].is_content]
     fronting = diff.runs == 2  # one clause moved to the other end: no pivot can lie between
+    # Where in b the content words after each one reach lowest: a word with none before it in
+    # b starts no inversion and is passed in one step (two texts in the same order would
+    # otherwise weigh all n^2 / 2 pairs); each other word adds one at least, to the bound.
+    lowest_after = [len(diff.b)] * len(content)
+    for x in range(len(content) - 2, -1, -1):
+        lowest_after[x] = min(lowest_after[x + 1], content[x + 1][1])
     for x in range(len(content)):
         if diff.content_inversions >= MAX_INVERSIONS:
             break  # far from any paraphrase already: the counts saturate, the cost stays bounded
+        if lowest_after[x] >= content[x][1]:
+            continue
         for y in range(x + 1, len(content)):
             (ia, ja), (ib, jb) = content[x], content[y]
             if ja <= jb:

@@ -71,7 +71,9 @@ _SPACED_ONLY = frozenset("-/&")
 _BULLETS = frozenset("-*+")
 # Signs of a unit rather than operators: whether the text writes one counts, not its operand.
 _UNIT_SIGNS = frozenset("%")
-_PERCENT = re.compile(r"\s*\bper\s?cent\b", re.IGNORECASE)
+# The spaces before "per cent" go with it; the match starts only where a run of spaces does
+# (tried from inside one, the run would be scanned again from every space: quadratic).
+_PERCENT = re.compile(r"(?<!\s)\s*\bper\s?cent\b", re.IGNORECASE)
 _SAME_OP = {"**": "^", "<>": "!="}
 _OPEN = frozenset("([{")
 _CLOSE = frozenset(")]}")

@@ -47,6 +47,10 @@ _BOUNDARY = re.compile(r"(?<=[!?:])\s+|(?<=\.)\s+(?=\S)|\n+")
 # four letters: "Inc", "Corp", "Rep", "Sept") abbreviates, and ends no sentence.
 _ABBREVIATIONS = frozenset(("etc", "vs", "approx", "calif", "prof", "capt", "dept", "univ"))
 _WORD_BEFORE = re.compile(r"([^\W\d_]+)\.$")
+# Only a word of at most six letters abbreviates, so the end of a part decides: a window one
+# letter longer shows such a word whole and any longer word as too long. Searched from the
+# start, the pattern would scan a long word once from each of its letters (quadratic).
+_TAIL = max(map(len, _ABBREVIATIONS)) + 2
 _WORD = re.compile(r"[^\W_]+")
 _HARMLESS = DETERMINER | DISCOURSE
 
@@ -72,7 +76,7 @@ def segments(text: str) -> tuple[tuple[str, str], ...]:
 
 def abbreviated(part: str) -> bool:
     """Does ``part`` end with an abbreviation's period rather than a sentence's?"""
-    found = _WORD_BEFORE.search(part)
+    found = _WORD_BEFORE.search(part, max(len(part) - _TAIL, 0))
     if found is None:
         return False
     word = found.group(1)

@@ -389,22 +389,39 @@ def _how_frames(tokens: list[Token]) -> list[Token]:
 
 
 def edit_distance(a: str, b: str, limit: int = 3) -> int:
-    """Damerau-Levenshtein (adjacent transpositions), stopping early above ``limit``."""
+    """Damerau-Levenshtein distance (adjacent transpositions, each substring edited once: the
+    "optimal string alignment" distance), or ``limit + 1`` when it is above ``limit``.
+
+    Bit-parallel (Hyyro, 2003, after Myers, 1999): bit i of ``up`` / ``down`` says the
+    distance from ``a[: i + 1]`` rises / falls by one against ``a[:i]`` in the current column
+    of the table; one pass of a few big-integer operations per character of ``b`` replaces a
+    row of ``len(a)`` cells. A pair of 4,000-letter identifiers costs milliseconds, not the
+    seconds a table of 16 million cells took on the cache's search thread."""
     if abs(len(a) - len(b)) > limit:
         return limit + 1
-    prev2: list[int] = []
-    prev = list(range(len(b) + 1))
-    for i in range(1, len(a) + 1):
-        cur = [i] + [0] * len(b)
-        for j in range(1, len(b) + 1):
-            cost = 0 if a[i - 1] == b[j - 1] else 1
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                cur[j] = min(cur[j], prev2[j - 2] + 1)
-        if min(cur) > limit:
-            return limit + 1
-        prev2, prev = prev, cur
-    return prev[-1]
+    if not a or not b:
+        return min(len(a) + len(b), limit + 1)
+    positions: dict[str, int] = {}
+    for i, char in enumerate(a):
+        positions[char] = positions.get(char, 0) | (1 << i)
+    full = (1 << len(a)) - 1
+    last = 1 << (len(a) - 1)
+    up, down, diagonal, previous = full, 0, 0, 0
+    distance = len(a)
+    for char in b:
+        match = positions.get(char, 0)
+        # A transposition: a[i - 1 : i + 1] is the reverse of the last two characters of b.
+        swap = (((~diagonal & match) << 1) & previous) & full
+        diagonal = ((((match & up) + up) & full) ^ up) | match | down | swap
+        rises = down | (full & ~(diagonal | up))
+        falls = diagonal & up
+        distance += bool(rises & last) - bool(falls & last)
+        rises = ((rises << 1) | 1) & full
+        falls = (falls << 1) & full
+        up = falls | (full & ~(diagonal | rises))
+        down = rises & diagonal
+        previous = match
+    return min(distance, limit + 1)
 
 
 _NEG_PREFIXES = ("un", "in", "im", "il", "ir", "non", "dis", "anti", "de", "mis")

@@ -7,10 +7,14 @@ import time
 
 import pytest
 
-from cache.diff import MAX_ALIGN_WORK, MAX_INVERSIONS, align
+import cache.diff
+from cache.diff import MAX_ALIGN_WORK, MAX_INVERSIONS, MAX_TYPO_TRIALS, align
+from cache.gate import CHECKS
 from cache.lexicon import Lexicon
 from cache.pairfeatures import FEATURE_NAMES, pair_features, relation
-from cache.words import edit_distance, prefix_contrast
+from cache.semantic import MAX_SEMANTIC_CHARS
+from cache.verifier import Verifier
+from cache.words import Token, edit_distance, prefix_contrast
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +118,98 @@ def test_edit_distance() -> None:
     assert edit_distance("chnage", "change") == 1  # one transposition
     assert edit_distance("kitten", "sitting") == 3
     assert edit_distance("a", "abcdefgh", limit=2) == 3  # stops early above the limit
+
+
+def _table_distance(a: str, b: str) -> int:
+    """The optimal string alignment distance by its full table (the former implementation)."""
+    before: list[int] = []
+    above = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(above[j] + 1, row[j - 1] + 1, above[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], before[j - 2] + 1)
+        before, above = above, row
+    return above[-1]
+
+
+def test_bit_parallel_edit_distance_matches_the_table() -> None:
+    """Random short words over small alphabets (many repeats and swaps) and over all letters:
+    the same distance as the table, and ``limit + 1`` for any distance above the limit."""
+    rng = random.Random(11)
+    for _ in range(3000):
+        letters = rng.choice(("ab", "abc", "abcd", "abcdefghijklmnopqrstuvwxyz"))
+        a = "".join(rng.choice(letters) for _ in range(rng.randint(0, 10)))
+        b = "".join(rng.choice(letters) for _ in range(rng.randint(0, 10)))
+        exact = _table_distance(a, b)
+        assert edit_distance(a, b, limit=20) == exact, (a, b)
+        for limit in range(4):
+            assert edit_distance(a, b, limit) == min(exact, limit + 1), (a, b, limit)
+
+
+def _identifier_question(rng: random.Random) -> str:
+    token = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(3900))
+    return f"What does this identifier mean: {token}"
+
+
+def test_long_identifiers_cost_the_verifier_milliseconds() -> None:
+    """One 3,900-letter token on each side (under MAX_SEMANTIC_CHARS): the similarity of the
+    substituted words filled a table of 15 million cells, 5 to 12 s of the search thread per
+    candidate; bit-parallel, 4,000 letters take about 10 ms."""
+    rng = random.Random(3)
+    stored, query = _identifier_question(rng), _identifier_question(rng)
+    assert len(query) <= MAX_SEMANTIC_CHARS
+    verifier = Verifier.load()
+    started = time.process_time()
+    verifier.assess([stored], [query], [0.9])
+    assert time.process_time() - started < 1.0
+    assert edit_distance(stored, stored[:-1] + "!", limit=len(stored)) == 1
+
+
+def test_the_hard_checks_stay_linear_on_long_words_and_spaces() -> None:
+    """Two patterns were tried from every character: "per cent" after a run of spaces (the
+    operators check: 1 s on 4,000 spaces) and the word before a final period (the shared-text
+    check: 0.3-0.9 s on a 3,900-letter word). Anchored, each costs milliseconds."""
+    rng = random.Random(5)
+    pairs = [
+        ("a" + " " * 3990 + "b", "a" + " " * 3990 + "c"),
+        (_identifier_question(rng), _identifier_question(rng)),
+    ]
+    started = time.process_time()
+    for stored, query in pairs:
+        for _, passes in CHECKS:
+            passes(stored, query)
+    assert time.process_time() - started < 0.3
+
+
+def test_typos_are_sought_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each word of one side the other lacks was weighed as a typo of each such word of the
+    other: 700 five-letter words a side made 490,000 look-ups (0.7 s per candidate, and as
+    much again in the plural check). The search stops after MAX_TYPO_TRIALS pairs."""
+    rng = random.Random(9)
+
+    def words() -> str:
+        return " ".join("".join(rng.choice("abcdefgh") for _ in range(5)) for _ in range(700))
+
+    trials = 0
+    is_typo = cache.diff._is_typo
+
+    def counted(x: Token, y: Token, lexicon: Lexicon) -> bool:
+        nonlocal trials
+        trials += 1
+        return is_typo(x, y, lexicon)
+
+    monkeypatch.setattr(cache.diff, "_is_typo", counted)
+    align(words(), words(), Lexicon.shared())
+    assert 0 < trials <= MAX_TYPO_TRIALS
+    # A real typo in a question is still found.
+    assert (
+        align(
+            "How do I change my password?", "How do I chnage my password?", Lexicon.shared()
+        ).typos
+        == 1
+    )
 
 
 def test_aligning_texts_of_random_tokens_stays_bounded() -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from typing import Any
 
 import pytest
@@ -200,6 +201,28 @@ async def test_verifier_gate_rejects_what_cosine_accepts(embedder: HashingEmbedd
     # Same words but another number: cosine accepts it, the verifier must not.
     other = "The company reported revenue of 9.1 million dollars in 2003"
     assert await get(cache, embedder, gated, other) is None
+    assert cache.stats.gate_rejections == 1
+    await cache.aclose()
+
+
+async def test_a_long_identifier_does_not_hold_the_search_thread(
+    embedder: HashingEmbedder,
+) -> None:
+    """A stored question with a 3,900-letter token and a query with another: the verifier's
+    similarity of the two tokens took 5 s and more on the one search thread every lookup of
+    the gateway waits on. Now the lookup is a prompt miss."""
+    rng = random.Random(1)
+
+    def question() -> str:
+        token = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(3900))
+        return f"What does this identifier mean: {token}"
+
+    gated = CachePolicy(exact=True, semantic=SemanticCacheConfig(gate="verifier", threshold=0.1))
+    cache = ResponseCache(InMemoryStore(), Verifier.load())
+    await put(cache, embedder, gated, question(), "a")
+    started = time.monotonic()
+    assert await get(cache, embedder, gated, question()) is None
+    assert time.monotonic() - started < 2.0
     assert cache.stats.gate_rejections == 1
     await cache.aclose()
 
