@@ -326,9 +326,20 @@ async def _count_tokens(request: web.Request) -> web.Response:
     """vLLM's ``/tokenize``, Anthropic's own ``count_tokens``, else (an OpenAI-compatible API,
     or a vLLM-kind server without ``/tokenize``) the documented estimate."""
     rt = request.app[LIVE].current
-    rt.authenticate(request.headers)
-    body = _json_object(await read_body(request, rt.policy.server))
+    tenant = rt.authenticate(request.headers)
+    body = _read_model(request, rt, await read_body(request, rt.policy.server))
     target = rt.targets(body["model"])[0]
+    # A count is a request to the backend too: the tenant's request limits hold for it.
+    surface = rt.surface_for(tenant, request.headers.get(rt.surface_header)).name
+    limits = request.app[ORCHESTRATOR].limits
+    admission = await limits.admit_request(rt, tenant, surface)
+    try:
+        return await _counted(rt, target, body)
+    finally:
+        rt.limiter.finish(admission, None)
+
+
+async def _counted(rt: Runtime, target: Destination, body: dict[str, Any]) -> web.Response:
     pool = target.pool
     replicas = pool.available()
     if not replicas:
@@ -348,13 +359,7 @@ async def _count_tokens(request: web.Request) -> web.Response:
             headers = {**target.provider.headers, "Content-Type": "application/json"}
             async with post(f"{base}/messages/count_tokens", json=sent, headers=headers) as r:
                 _check_key(target, replicas[0].name, r.status)
-                answer = await read_capped(r, limit)
-                ok = r.status == 200 and isinstance(upstream_json.loads(answer), dict)
-                if not ok and not 400 <= r.status < 500:
-                    raise UpstreamError(
-                        f"the backend's token count answered {r.status}", code="bad_gateway"
-                    )
-                return web.Response(status=r.status, body=answer, content_type="application/json")
+                return _relayed_count(r.status, await read_capped(r, limit))
         chat = read_messages_request(body, count_only=True).chat
         if pool.settings.kind != "vllm":
             return web.json_response({"input_tokens": token_count.estimate(chat)})
@@ -375,6 +380,21 @@ async def _count_tokens(request: web.Request) -> web.Response:
             "the backend's token count did not come back", code="bad_gateway"
         ) from exc
     return web.json_response({"input_tokens": count})
+
+
+def _relayed_count(status: int, answer: bytes) -> web.Response:
+    """Anthropic's count as it came: its JSON answer, or its JSON refusal (a 4xx); a 4xx that
+    is not JSON (a proxy's page) as Anthropic's error shape, anything else a 502."""
+    try:
+        data = upstream_json.loads(answer)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and (status == 200 or 400 <= status < 500):
+        return web.Response(status=status, body=answer, content_type="application/json")
+    if 400 <= status < 500:
+        message = f"the backend refused the token count ({status})"
+        return web.json_response(messages_out.error_body(status, message), status=status)
+    raise UpstreamError(f"the backend's token count answered {status}", code="bad_gateway")
 
 
 def _check_key(target: Destination, replica: str, status: int) -> None:

@@ -28,6 +28,7 @@ first target's until an attempt opened.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -42,7 +43,7 @@ from gateway.limits.usage import UsageRecord
 from gateway.observability.usage_metrics import UsageMetrics
 from gateway.protocol.openai import Endpoint
 from gateway.protocol.usage import UsageTap, usage_in
-from gateway.runtime import Destination
+from gateway.runtime import Destination, Runtime
 from gateway.upstream.attempt import Attempt
 
 
@@ -206,6 +207,17 @@ class LimitStage:
         if quota.targets:
             quota.price = quota.targets[0].price  # until an attempt opens (``Quota.opened``)
         return quota
+
+    async def admit_request(self, rt: Runtime, tenant: str, surface: str) -> Admission:
+        """A request that generates nothing (a token count): the tenant's request and
+        concurrency limits only, no tokens, no budget (it costs nothing); ``finish`` it with
+        no record."""
+        subject = dataclasses.replace(rt.limits.subject(tenant, surface), budget=None)
+        try:
+            return await rt.limiter.admit(subject, 0)
+        except LimitExceeded as exc:
+            self.metrics.refusal(tenant, surface, exc.reason)
+            raise _error(exc) from exc
 
     def used(self, call: Call, quota: Quota) -> Usage | None:
         """What an answer used: reported, else estimated; None when nothing was generated."""

@@ -26,6 +26,7 @@ from tests.conftest import (
     vllm,
 )
 from tests.e2e.anthropic_fake import API_KEY, FakeAnthropic, start_fake_anthropic
+from tests.e2e.limits_helpers import KEYS, limits_policy, metric
 
 TOOL: Any = {
     "name": "get_weather",
@@ -501,5 +502,61 @@ models:
             assert any("refused the gateway's API key" in r.getMessage() for r in logged)
         assert answers[0] == answers[1]
         assert "x-api-key" not in str(answers[1])  # not the provider's own message
+    finally:
+        await runner.cleanup()
+
+
+async def test_count_tokens_holds_the_tenants_request_limit_and_its_model_label(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
+) -> None:
+    """Each count asks the backend (vLLM's tokenizer, Anthropic's count on the gateway's key):
+    a tenant's ``requests_per_minute`` holds for it as for any request (8 of 8 went upstream
+    with a limit of 2), and its metric names the model (it said ``unknown``)."""
+    up = await make_fake()
+    gw = await make_gateway(limits_policy(up.url, None, {"limits": {"requests_per_minute": 2}}))
+    counter = claude(gw, KEYS["team-a"])
+    ask: Any = {"model": "m", "messages": [{"role": "user", "content": "one two"}]}
+    await counter.messages.count_tokens(**ask)
+    await counter.messages.count_tokens(**ask)
+    with pytest.raises(anthropic.RateLimitError) as refused:
+        await counter.messages.count_tokens(**ask)
+    assert refused.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+    assert [r.path for r in up.fake.requests] == ["/tokenize", "/tokenize"]
+    assert await metric([gw], "llm_gateway_requests_total", model="m", status="200") == 2
+    assert await metric([gw], "llm_gateway_rate_limited_total", reason="requests") == 1
+
+
+async def test_count_tokens_relays_a_refusal_that_is_not_json_in_anthropics_shape(
+    make_gateway: GatewayFactory, claude: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy's 413 page before Anthropic's count: Anthropic's error shape, not the page
+    labelled as JSON."""
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(status=413, text="Maximum request body size exceeded.")
+
+    app = web.Application()
+    app.router.add_post("/v1/messages/count_tokens", page)
+    runner, url = await serve(app)
+    monkeypatch.setenv("TEST_ANTHROPIC_KEY", API_KEY)
+    try:
+        gw = await make_gateway(
+            build_policy(
+                {
+                    "claude": {
+                        "kind": "anthropic",
+                        "base_url": url,
+                        "api_key_env": "TEST_ANTHROPIC_KEY",
+                    }
+                },
+                {"c": {"backend": "claude", "model": "claude-test-1"}},
+            )
+        )
+        with pytest.raises(anthropic.APIStatusError) as refused:
+            await claude(gw).messages.count_tokens(
+                model="c", messages=[{"role": "user", "content": "hi"}]
+            )
+        assert refused.value.status_code == 413
+        assert refused.value.body["type"] == "error"  # type: ignore[index]
     finally:
         await runner.cleanup()
