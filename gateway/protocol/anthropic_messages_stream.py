@@ -4,7 +4,8 @@ Fed the chat SSE bytes as the relay reads them, it returns Anthropic's events (`
 ``data:`` lines, as Anthropic's clients need both):
 
 ``message_start`` (the message with empty content; its usage is 0 until the end: a chat stream
-reports usage in its last chunk) and ``ping`` (``start``); a ``content_block_start`` when a
+reports usage in its last chunk; its ``model`` the upstream's, from the first chunk, as the
+whole answer's is) and ``ping``, sent with the first chunk's events; a ``content_block_start`` when a
 block opens (text, ``thinking`` for the backend's reasoning, ``tool_use`` for a tool call), its
 ``content_block_delta`` events (``text_delta``, ``thinking_delta``, ``input_json_delta`` with
 the argument fragments: an object, as HF TGI sends one, as its JSON text; a delta without
@@ -53,19 +54,28 @@ class MessagesStream:
         self._slots = ToolCallSlots()  # the index of a delta that has none
         self._finish: str | None = None
         self._matched: Any = None
+        self._started = False  # message_start was sent
 
     def start(self) -> bytes:
+        """Nothing yet: ``message_start`` names the model that answers, which the upstream's
+        first chunk tells (``_open_message``)."""
+        return b""
+
+    def _open_message(self, out: list[bytes], model: Any = None) -> None:
+        if self._started:
+            return
+        self._started = True
         message: dict[str, Any] = {
             "id": self.message_id,
             "type": "message",
             "role": "assistant",
-            "model": self.model,
+            "model": model if isinstance(model, str) and model else self.model,
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
             "usage": usage(None),
         }
-        return _event("message_start", message=message) + _event("ping")
+        out.append(_event("message_start", message=message) + _event("ping"))
 
     def feed(self, data: bytes) -> bytes:
         out: list[bytes] = []
@@ -97,6 +107,7 @@ class MessagesStream:
         return b"".join(out)
 
     def _chunk(self, chunk: dict[str, Any], out: list[bytes]) -> None:
+        self._open_message(out, chunk.get("model"))
         if isinstance(chunk.get("usage"), dict):
             self.usage = usage(chunk["usage"])
             self._usage_told = True
@@ -169,6 +180,7 @@ class MessagesStream:
             self._open = None
 
     def _complete(self, out: list[bytes]) -> None:
+        self._open_message(out)  # a stream with no chunk: the message is empty
         self._close_block(out)
         reason, sequence = stop_reason(self._finish or "stop", self._matched, self.stop_sequences)
         delta = {"stop_reason": reason, "stop_sequence": sequence}

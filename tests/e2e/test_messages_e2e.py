@@ -109,6 +109,11 @@ async def test_messages_stream(
     assert final.stop_reason == "end_turn"
     assert (final.usage.input_tokens, final.usage.cache_read_input_tokens) == (4, 1)
     assert final.usage.output_tokens == 3
+    # The model that answered, as the whole answer names it (message_start said the alias).
+    whole = await claude(gw).messages.create(
+        model="m", max_tokens=32, messages=[{"role": "user", "content": "Hi"}]
+    )
+    assert final.model == whole.model == "fake-model"
 
 
 async def test_tools_round_trip(
