@@ -70,8 +70,8 @@ def create_app(
     app[SLO] = slo
     app[ORCHESTRATOR] = Orchestrator(metrics, slo)
     app[LIMITS] = ConnectionLimits.of(policy.server)
-    workers, rejected = (group.count, group.reload_error) if group else (1, None)
-    app[_SETUP] = (policy, source, policy_path, telemetry, clock, workers, rejected)
+    workers, group_policy = (group.count, (group.run_dir, group.policy)) if group else (1, None)
+    app[_SETUP] = (policy, source, policy_path, telemetry, clock, workers, group_policy)
     app.cleanup_ctx.append(_live_policy)
     app[admin.ADMIN_ACCESS] = admin.AdminAccess()
     app.on_response_prepare.append(cors_on_prepare)
@@ -86,7 +86,7 @@ def create_app(
 
 async def _live_policy(app: web.Application) -> AsyncIterator[None]:
     """Build the policy's runtime (pools, cache, embedder, tiers, telemetry); close it at the end."""
-    policy, source, path, telemetry, clock, workers, rejected = app[_SETUP]
+    policy, source, path, telemetry, clock, workers, group_policy = app[_SETUP]
     runtime = await build_runtime(policy, source, telemetry=telemetry, clock=clock)
     limits = app[LIMITS]
     live = LivePolicy(
@@ -97,7 +97,7 @@ async def _live_policy(app: web.Application) -> AsyncIterator[None]:
         clock,
         on_reload=lambda p: limits.update(p.server),
         workers=workers,
-        reload_error=rejected,  # the group's last reload, rejected before this worker started
+        group=group_policy,  # a worker reloads what its supervisor read, never the file
     )
     app[LIVE] = live
     yield

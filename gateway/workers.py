@@ -15,16 +15,16 @@ Supervision runs in the supervisor's only thread. Its signal handlers only note 
 the wake-up file descriptor makes ``select`` return, and the loop then acts:
 - a worker that exited unasked is forked again from the last policy the group accepted (never
   from the file, which may have gone bad since), told when the last reload was rejected (it
-  runs the older policy and reports that rejection, as its siblings do); one that exits before
-  it listens is retried
-  after ``BACKOFF_S``, doubling up to ``MAX_BACKOFF_S``. The group stops when a worker fails
+  runs the accepted policy and reports that rejection, as its siblings do); one that exits
+  before it listens is retried after ``BACKOFF_S``, doubling up to ``MAX_BACKOFF_S``. The group stops when a worker fails
   while the group starts (the same failure would hit every worker), or when more than
   ``MAX_RESTARTS`` exits in ``RESTART_WINDOW_S`` leave no worker serving; a failing
   replacement never stops workers that serve;
-- SIGHUP: the supervisor re-reads the policy and keeps it for workers it forks later only if
-  workers could be built from it (``gateway.build.check_buildable``: ``prepare`` and the
-  group's rules; a bad file keeps the last good one), and forwards SIGHUP to every worker,
-  which reloads its own;
+- SIGHUP: the supervisor reads the policy file, once, and accepts its text only if workers
+  could be built from it (``gateway.build.check_buildable``: ``prepare`` and the group's rules;
+  a bad file keeps the last good one); it writes what it decided to the run directory
+  (``gateway.group_policy``), then forwards SIGHUP to every worker, which applies that record
+  and never reads the file (a file replaced meanwhile cannot split the group);
 - SIGINT, SIGTERM: SIGTERM to every worker; each stops accepting, finishes the requests in
   flight and exits within ``gateway.server.DRAIN_S``; one still alive ``drain_s`` later is
   killed.
@@ -57,10 +57,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.build import check_buildable
+from gateway.group_policy import GroupPolicy
 from gateway.server import CannotListen, run_server
 from gateway.signals import HeldHup
 from gateway.workgroup import WorkerContext, leave_run_dir
-from policies.loader import PolicyError, PolicySource, read_policy
+from policies.loader import PolicyError, PolicySource, parse_policy_source, read_policy_text
 from policies.schema import Policy
 
 log = logging.getLogger("llm_gateway.workers")
@@ -120,9 +121,10 @@ class Supervisor:
     # The last good policy's source: workers forked later start from it, never from the file.
     source: PolicySource | None = None
     held_hup: HeldHup | None = None  # SIGHUPs noted since the process started
-    # The last reload's error while it was rejected (None: accepted, or none yet): handed to
-    # every worker forked since, which runs the older policy and must say so.
-    reload_error: str | None = None
+    # What the workers apply at a reload, and what a worker forked later is told: the accepted
+    # policy's generation and, while the last reload was rejected, its problems (it runs the
+    # accepted policy, as its siblings do, and must say so).
+    group_policy: GroupPolicy = field(default_factory=GroupPolicy)
     children: dict[int, int] = field(default_factory=dict)  # pid -> worker index
     _serving: set[int] = field(default_factory=set)  # pids that listen (wrote their ready line)
     _failed_starts: dict[int, int] = field(default_factory=dict)  # index -> exits before ready
@@ -195,7 +197,7 @@ class Supervisor:
                 )
                 return 0
             if signal.SIGHUP in signals:
-                self._reload()
+                self._reload(ctx)
             if not self._reap():
                 return 1
             self._fork_due(ctx)
@@ -221,18 +223,21 @@ class Supervisor:
             if self.on_ready is not None:
                 self.on_ready(base_url)
 
-    def _reload(self) -> None:
-        """Adopt the file for the workers forked later only if workers could be built from it
-        (``check_buildable``); every worker is sent SIGHUP either way and checks for itself."""
-        assert self.source is not None
+    def _reload(self, ctx: WorkerContext) -> None:
+        """Read the file once and accept its text only if workers could be built from it
+        (``check_buildable``); the record of that decision is written before any worker is
+        sent SIGHUP, and every worker applies it, never the file."""
         try:
-            policy, source = read_policy(self.policy_path)
+            text = read_policy_text(self.policy_path)
+            policy, source = parse_policy_source(text, str(self.policy_path))
             check_buildable(policy, source, self.workers)
         except PolicyError as exc:
             log.error("policy reload rejected; workers keep the running policy:\n%s", exc)
-            self.reload_error = str(exc)
+            self.group_policy = self.group_policy.rejected(exc)
         else:
-            self.policy, self.source, self.reload_error = policy, source, None
+            self.policy, self.source = policy, source
+            self.group_policy = self.group_policy.accepted(text)
+        self.group_policy.write(ctx.run_dir)
         for pid in self.children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGHUP)
@@ -285,7 +290,7 @@ class Supervisor:
             return
         code = 1
         try:
-            fields = {**ctx.__dict__, "index": index, "reload_error": self.reload_error}
+            fields = {**ctx.__dict__, "index": index, "policy": self.group_policy}
             code = self._worker(WorkerContext(**fields))
         except PolicyError as exc:  # the runtime could not be built: one line, no traceback
             logging.getLogger("llm_gateway").error("worker %d cannot start:\n%s", index, exc)

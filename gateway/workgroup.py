@@ -26,8 +26,8 @@ computed at scrape time: replica health and load, SLO windows).
   same records: asking each would count them N times); latency is this worker's, as with
   ``/admin/surfaces``.
 - ``/admin/reload``: the file is validated here first, with the group's rules (a bad file
-  changes nothing, 400); then
-  the supervisor is sent SIGHUP, which it forwards to every worker, and the answer waits until
+  changes nothing, 400); then the supervisor is sent SIGHUP: it reads the file once, decides,
+  and every worker applies its decision (``gateway.group_policy``); the answer waits until
   every worker has reloaded.
 A sibling that does not answer (being replaced) is left out and named in ``missing``.
 """
@@ -43,7 +43,7 @@ import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,6 +61,7 @@ from gateway.admin import (
 )
 from gateway.build import refuse_unshared_limits
 from gateway.errors import BadRequest, GatewayError, error_body
+from gateway.group_policy import GroupPolicy
 from gateway.group_reports import merge_cache_reports, sum_usage
 from gateway.limits.windows import WINDOW_KINDS, Window, window_of
 from gateway.observability.group_ledger import Answer, MetricsLedger
@@ -80,10 +81,10 @@ class WorkerContext:
     supervisor_pid: int
     sock: socket.socket | None = None  # the inherited listening socket (no SO_REUSEPORT)
     ready_fd: int | None = None  # written once the worker listens
-    # The supervisor's last reload, when it was rejected (its error): a worker forked since runs
-    # the older policy the group accepted, as its siblings do, and reports the rejection as
-    # theirs (``LivePolicy.reload_error``).
-    reload_error: str | None = None
+    # The supervisor's record at the fork (``gateway.group_policy``): the generation of the
+    # policy this worker starts on and, when the last reload was rejected, its problems (this
+    # worker runs the accepted policy, as its siblings do, and reports the rejection as theirs).
+    policy: GroupPolicy = field(default_factory=GroupPolicy)
 
     def control_path(self, index: int) -> Path:
         return self.run_dir / f"w{index}.sock"
@@ -424,11 +425,15 @@ async def _group_reload(request: web.Request) -> web.Response:
             ),
             status=503,
         )
-    if failed:  # the file changed again between the check here and a worker's reload
-        detail = "; ".join(f"worker {i}: {error}" for i, error in sorted(failed.items()))
+    if failed:  # the file changed between the check here and the supervisor's read of it
+        errors = set(failed.values())
+        detail = (
+            errors.pop()  # the supervisor's rejection, which every worker reports
+            if len(errors) == 1
+            else "; ".join(f"worker {i}: {error}" for i, error in sorted(failed.items()))
+        )
         return web.json_response(
-            error_body(f"policy rejected by some workers: {detail}", "invalid_request_error",
-                       "invalid_policy"),
+            error_body(f"policy rejected: {detail}", "invalid_request_error", "invalid_policy"),
             status=400,
         )  # fmt: skip
     return web.json_response(

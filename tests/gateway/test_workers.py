@@ -263,6 +263,74 @@ async def test_sighup_and_admin_reload_reach_every_worker(
     assert all("m2" not in w["models"] for w in workers)
 
 
+async def _own_answer(group: Group, index: int, path: str) -> Any:
+    """Worker ``index``'s answer about itself, over its control socket: a stopped sibling
+    cannot hold it up (the public port may hash the connection to that sibling)."""
+    (run_dir,) = group.run_dirs()
+    connector = aiohttp.UnixConnector(path=str(run_dir / f"w{index}.sock"))
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.get("http://worker" + path) as resp,
+    ):
+        return await resp.json()
+
+
+async def _session_on_worker(group: Group, index: int) -> aiohttp.ClientSession:
+    """A session whose one keep-alive connection the kernel gave to worker ``index``."""
+    for _ in range(50):
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+        async with session.get(group.root + "/admin/surfaces") as resp:
+            if (await resp.json())["worker"] == index:
+                return session
+        await session.close()
+    raise AssertionError(f"no connection reached worker {index}")
+
+
+@pytest.mark.parametrize("trigger", ["sighup", "admin_reload"])
+async def test_one_reload_is_one_policy_for_every_worker_though_the_file_changes_meanwhile(
+    make_fake: FakeFactory, start_group: StartGroup, trigger: str
+) -> None:
+    """The supervisor reads the file once per reload and every worker applies what it read.
+    Here worker 1 is stopped until worker 0 has reloaded, and the file is replaced by a bad
+    one in between (a deploy writing it again): worker 1 must still apply the policy the
+    reload read, never reject the newer file while worker 0 serves the older one."""
+    up = await make_fake()
+    models = {name: {"backend": "up", "model": "fake-model"} for name in ("m", "m2")}
+    group = await start_group(build_policy({"up": vllm(up.url)}, models))
+    session = await _session_on_worker(group, 0) if trigger == "admin_reload" else None
+    stopped = next(w["pid"] for w in await group.workers() if w["worker"] == 1)
+    group.policy.write_text(pool_policy([up.url]))  # model m alone
+    os.kill(stopped, signal.SIGSTOP)
+    posted: asyncio.Task[tuple[int, str]] | None = None
+    try:
+        if session is None:
+            os.kill(group.proc.pid, signal.SIGHUP)
+        else:
+            posted = asyncio.create_task(_post_on(session, group.root + "/admin/reload"))
+        deadline = time.monotonic() + 60
+        while (await _own_answer(group, 0, "/admin/workers"))["reloads"] < 1:
+            assert time.monotonic() < deadline, "worker 0 never reloaded"
+            await asyncio.sleep(0.05)
+        group.policy.write_text("backends: {}\nmodels: {x: {backend: nowhere}}\n")
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    workers = await group.wait_for(lambda ws: len(ws) == WORKERS and all(w["reloads"] for w in ws))
+    if posted is not None and session is not None:
+        status, text = await posted
+        await session.close()
+        assert status == 200, text
+    assert [("m2" in w["models"], w["reload_error"]) for w in workers] == [(False, None)] * WORKERS
+    client = group.client()
+    answers = await asyncio.gather(*(_chat(client) for _ in range(10)), return_exceptions=True)
+    await client.close()
+    assert all(a == "hello from the fake upstream" for a in answers), answers
+
+
+async def _post_on(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
+    async with session.post(url) as resp:
+        return resp.status, await resp.text()
+
+
 async def test_sigterm_drains_streams_in_flight_then_stops_every_process(
     make_fake: FakeFactory, start_group: StartGroup
 ) -> None:
