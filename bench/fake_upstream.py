@@ -11,8 +11,8 @@ to retry in 0.5 s...). With ``gzip`` every answer is compressed whatever the cli
 CDNs do. Nothing is random. Like vLLM it also serves ``POST /tokenize`` and ``POST
 /v1/responses`` (``bench.fake_responses``). Usage is reported as ``prompt_tokens`` /
 ``completion_tokens`` (``cached_tokens`` of the prompt in ``prompt_tokens_details``; none with
-``report_usage: False``); ``headers`` go on every answer (e.g. ``x-ratelimit-*``). The
-``tool_calls`` it adds can take the shapes other servers send (``tool_call_style``).
+``report_usage: False``; without the counts named in ``usage_without``); ``headers`` go on
+every answer (e.g. ``x-ratelimit-*``). The ``tool_calls`` it adds can take the shapes other servers send (``tool_call_style``).
 Run standalone: ``python -m bench.fake_upstream --port 9000 --latency-ms 1 --chunks 64``.
 """
 
@@ -45,6 +45,7 @@ class FakeSettings:
     prompt_tokens: int = 5
     completion_tokens: int = 6  # non-streamed answers (a stream reports its chunk count)
     report_usage: bool = True  # False: an upstream that reports no usage at all
+    usage_without: tuple[str, ...] = ()  # counts left out of the usage (an incomplete one)
     headers: dict[str, str] = field(default_factory=dict)  # sent with every answer
     tool_calls: int = 0  # chat answers also call this many tools (finish_reason tool_calls)
     # How those calls are sent: "openai"; "object" (arguments as a JSON object, as HF TGI
@@ -232,6 +233,8 @@ class FakeUpstream:
         }
         if self.settings.cached_tokens:
             out["prompt_tokens_details"] = {"cached_tokens": self.settings.cached_tokens}
+        for count in self.settings.usage_without:
+            del out[count]
         return out
 
     def _full(self, body: dict[str, Any], chat: bool, action: str = "ok") -> dict[str, Any]:

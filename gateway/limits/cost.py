@@ -15,6 +15,8 @@ An answer's token counts are believed up to ``MAX_TOKENS`` each (10**9, a thousa
 largest context windows): a count beyond it (an upstream's bug) makes the usage malformed, so
 the request is charged its estimate. Unbounded, one such answer would overflow the Prometheus
 counters (doubles) and leave the range where the Redis scripts' arithmetic is exact (2**53).
+A usage that leaves a count out is incomplete, charged its estimate too (``Usage.read``): a
+missing output read as 0 would let an answer go uncharged.
 
 Rounding happens only where a figure leaves the gateway as a float: Prometheus counters (USD
 as a double, about 16 significant digits). Headers and the usage report print exact decimals.
@@ -82,7 +84,8 @@ class Usage:
 
     @classmethod
     def read(cls, usage: Any) -> Usage | None:
-        """An answer's ``usage`` in any API the gateway relays; None when missing or malformed.
+        """An answer's ``usage`` in any API the gateway relays; None when missing, malformed or
+        incomplete (the request is then charged its estimate).
 
         * Chat completions: ``prompt_tokens`` (cached included), ``prompt_tokens_details.
           cached_tokens``, ``completion_tokens``;
@@ -91,39 +94,52 @@ class Usage:
         * Anthropic's Messages API: ``input_tokens`` *without* the cache, ``cache_read_input_
           tokens`` and ``cache_creation_input_tokens`` beside it, ``output_tokens``. Cache writes
           are priced as input here (Anthropic bills them at 1.25x).
+
+        A usage without its output count has it as ``total_tokens`` minus the input when it
+        tells both (an embedding's usage: 0); else it is incomplete, as one without its input
+        count is: a missing count is not a zero.
         """
         if not isinstance(usage, Mapping):
             return None
-        output = usage.get("completion_tokens", usage.get("output_tokens", 0))
-        if not believed_count(output):
-            return None
         if "prompt_tokens" in usage:
-            return cls._with_cached(
-                usage.get("prompt_tokens"), usage, "prompt_tokens_details", output
-            )
-        if "input_tokens_details" in usage or "total_tokens" in usage:
-            return cls._with_cached(
-                usage.get("input_tokens"), usage, "input_tokens_details", output
-            )
-        if "input_tokens" not in usage and "output_tokens" not in usage:
+            prompt, details = usage.get("prompt_tokens"), "prompt_tokens_details"
+        elif "input_tokens_details" in usage or "total_tokens" in usage:
+            prompt, details = usage.get("input_tokens"), "input_tokens_details"
+        else:
+            return cls._of_anthropic(usage)
+        output = _output(usage, prompt)
+        if output is None or not believed_count(prompt):
             return None
-        fresh = usage.get("input_tokens", 0)
-        read = usage.get("cache_read_input_tokens") or 0
+        told = usage.get(details)
+        cached = told.get("cached_tokens") if isinstance(told, Mapping) else None
+        cached = min(cached, prompt) if believed_count(cached) else 0
+        return cls(input=prompt, cached_input=cached, output=output)
+
+    @classmethod
+    def _of_anthropic(cls, usage: Mapping[str, Any]) -> Usage | None:
+        fresh, output = usage.get("input_tokens"), usage.get("output_tokens")
+        read = usage.get("cache_read_input_tokens") or 0  # optional: null is none read
         written = usage.get("cache_creation_input_tokens") or 0
-        if not (believed_count(fresh) and believed_count(read) and believed_count(written)):
+        if not (
+            believed_count(fresh)
+            and believed_count(output)
+            and believed_count(read)
+            and believed_count(written)
+        ):
             return None
         return cls(input=fresh + read + written, cached_input=read, output=output)
 
-    @classmethod
-    def _with_cached(
-        cls, prompt: Any, usage: Mapping[str, Any], key: str, output: int
-    ) -> Usage | None:
-        if not believed_count(prompt):
-            return None
-        details = usage.get(key)
-        cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
-        cached = min(cached, prompt) if believed_count(cached) else 0
-        return cls(input=prompt, cached_input=cached, output=output)
+
+def _output(usage: Mapping[str, Any], prompt: Any) -> int | None:
+    """The output count of an OpenAI-shaped usage (``Usage.read``); None when unreadable."""
+    for key in ("completion_tokens", "output_tokens"):
+        if key in usage:
+            told = usage[key]
+            return told if believed_count(told) else None
+    total = usage.get("total_tokens")
+    if believed_count(total) and believed_count(prompt) and total >= prompt:
+        return total - prompt
+    return None
 
 
 def believed_count(value: Any) -> TypeGuard[int]:

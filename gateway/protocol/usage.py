@@ -13,6 +13,7 @@ held until its end arrives (a client cannot use half an event anyway).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -70,15 +71,27 @@ def with_usage(parsed: ParsedRequest) -> ParsedRequest:
     return replace(parsed, raw=json.dumps(body).encode(), body=body)
 
 
+def streamed_counts(started: Mapping[str, Any], delta: Any) -> dict[str, Any]:
+    """The counts of a whole Anthropic stream: ``message_delta``'s (cumulative) over
+    ``message_start``'s. The output is ``message_delta``'s alone (``message_start`` says 1 of
+    any answer), so a ``message_delta`` without a readable one leaves the usage unreadable; its
+    input counts, optional, keep ``message_start``'s where null."""
+    counts = {key: value for key, value in started.items() if key != "output_tokens"}
+    if isinstance(delta, Mapping):
+        counts.update({k: v for k, v in delta.items() if v is not None or k == "output_tokens"})
+    return counts
+
+
 class UsageTap:
-    __slots__ = ("_events", "_started", "events", "strip", "usage")
+    __slots__ = ("_events", "_started", "events", "prompt", "strip", "usage")
 
     def __init__(self, strip: bool) -> None:
         self.strip = strip
         self.usage: Usage | None = None
         self.events = 0  # data events seen: about the tokens streamed, if the end never comes
+        self.prompt: Usage | None = None  # the input an Anthropic stream's message_start counted
         self._events = EventSplitter()
-        self._started: Usage | None = None  # Anthropic's message_start (input tokens)
+        self._started: Mapping[str, Any] | None = None  # message_start's usage
 
     def feed(self, data: bytes) -> bytes:
         """The bytes to send on for ``data`` (all of them unless a usage chunk is stripped)."""
@@ -112,7 +125,9 @@ class UsageTap:
 
         Chat and completions: the chunk's ``usage``. Streams relayed untranslated: the Responses
         API's ``response.completed`` (``response.usage``); Anthropic's ``message_start`` (its
-        ``message.usage``: the input) then ``message_delta`` (the output so far)."""
+        ``message.usage``: the input) then ``message_delta`` (the output: until it comes, the
+        answer's usage is unknown, and a stream its client left is charged the input
+        ``message_start`` counted and the events sent)."""
         for payload in payloads(event):
             try:
                 obj = upstream_json.loads(payload)
@@ -120,21 +135,29 @@ class UsageTap:
                 continue
             if not isinstance(obj, dict):
                 continue
+            kind = obj.get("type")
+            if kind == "message_start" or kind == "message_delta":
+                self._anthropic(obj)
+                return False
             raw = obj.get("usage")
             if not isinstance(raw, dict):
-                inner = obj.get("response") or obj.get("message")
+                inner = obj.get("response")
                 raw = inner.get("usage") if isinstance(inner, dict) else None
             usage = Usage.read(raw)
             if usage is None:  # unreadable (counts past belief): the estimate is charged
                 if obj.get("choices") == [] and isinstance(obj.get("usage"), dict):
                     return True  # still chat's usage-only chunk, which the client did not ask for
                 continue
-            kind = obj.get("type")
-            if kind == "message_start":
-                self._started = usage
-            elif kind == "message_delta" and self._started is not None:
-                base = self._started
-                usage = Usage(base.input, base.cached_input, usage.output)
             self.usage = usage
             return obj.get("choices") == []
         return False
+
+    def _anthropic(self, event: dict[str, Any]) -> None:
+        if event["type"] == "message_start":
+            message = event.get("message")
+            started = message.get("usage") if isinstance(message, dict) else None
+            self._started = started if isinstance(started, dict) else None
+            if self._started is not None:  # its output is no count yet: only the input is read
+                self.prompt = Usage.read(streamed_counts(self._started, {"output_tokens": 0}))
+        elif self._started is not None:  # message_delta: unreadable counts leave it unknown
+            self.usage = Usage.read(streamed_counts(self._started, event.get("usage")))

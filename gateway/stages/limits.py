@@ -18,11 +18,12 @@ by the destination that answered (``models.<alias>.price``): in ``x-gateway-cost
 headers can still be sent (JSON answers, cached and held answers; a live stream's headers left
 before its usage was known), on the span (``gateway.cost.usd``), in the metrics per tenant,
 surface and model, and settled by the limiter in the background. An upstream that reports no
-usage is charged the estimate. A request that failed before an upstream answered gives its
+usage, or a malformed or incomplete one (``Usage.read``), is charged the estimate. A request that failed before an upstream answered gives its
 tokens back; one that failed after (too large, a time-out while its body came: the upstream
 generated it) is charged its usage if read, else its estimate (``Quota.failed``). One whose
-client left is charged its prompt estimate and the stream events it was sent, priced as the
-first target's until an attempt opened.
+client left is charged its prompt estimate (a Messages stream's input as its ``message_start``
+counted it: its output is unknown until ``message_delta``) and the stream events it was sent,
+priced as the first target's until an attempt opened.
 """
 
 from __future__ import annotations
@@ -79,10 +80,13 @@ class Quota:
         return self.tap.usage if self.tap is not None else None
 
     def estimate(self, left: bool = False) -> Usage:
-        """What the answer used when the upstream did not say: the prompt's estimate, and for the
-        output what a stream sent (an event is about a token), nothing for an answer its client
-        left (the upstream was closed), else its cap (``max_tokens`` or the expectation)."""
+        """What the answer used when the upstream did not say: the prompt's estimate (a
+        Messages stream's input as its ``message_start`` counted it), and for the output what a
+        stream sent (an event is about a token), nothing for an answer its client left (the
+        upstream was closed), else its cap (``max_tokens`` or the expectation)."""
         call = self.call
+        if self.tap is not None and (told := self.tap.prompt) is not None:
+            return Usage(told.input, told.cached_input, self.tap.events)
         prompt = prompt_tokens(call.parsed.body)
         if self.tap is not None:
             return Usage(input=prompt, output=self.tap.events)

@@ -14,7 +14,10 @@ refuses it, with a forced tool choice, a temperature, a budget under 1,024 or no
 ``max_tokens``, or a request continuing a tool loop whose first assistant turn does not start
 with its thinking block); a thinking block sent back must carry the signature the fake gave it. ``POST /v1/messages/count_tokens`` counts words (3 per message more).
 Streamed events are written in two pieces cut inside the event, so the gateway meets events
-that straddle reads.
+that straddle reads. ``usage`` is the answer's counts (``OMIT``: none), which ``message_start``
+(with ``output_tokens: 1``, as the real API) and ``message_delta`` (the output) report unless
+``stream_usage`` names theirs; ``delta_pause_ms`` holds ``message_delta`` back (a client may
+leave meanwhile).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from aiohttp import web
 from bench.fake_upstream import site_port
 
 API_KEY = "sk-ant-test-key"
+USAGE = {"input_tokens": 11, "output_tokens": 7, "cache_read_input_tokens": 2}
+OMIT: Any = object()  # a usage left out of an answer or an event
 _TOP_LEVEL = {
     "model",
     "max_tokens",
@@ -68,6 +73,9 @@ class FakeAnthropic:
     reply: str = "Hello from the fake Claude."
     pieces: int = 4  # text deltas a streamed reply is cut into
     event_interval_ms: float = 0  # a pause before each streamed event (a model's decode speed)
+    usage: Any = field(default_factory=lambda: dict(USAGE))  # the answer's counts (module doc)
+    stream_usage: dict[str, Any] = field(default_factory=dict)  # an event type's own usage
+    delta_pause_ms: float = 0  # a pause before message_delta
     script: deque[str] = field(default_factory=deque)
     requests: list[Seen] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -185,7 +193,7 @@ class FakeAnthropic:
             self.signed[signature] = "Let me think."
             thought = {"type": "thinking", "thinking": "Let me think.", "signature": signature}
             content = [thought, *content]
-        return {
+        message = {
             "id": f"msg_fake{len(self.requests):03d}",
             "type": "message",
             "role": "assistant",
@@ -193,16 +201,20 @@ class FakeAnthropic:
             "content": content,
             "stop_reason": stop,
             "stop_sequence": None,
-            "usage": {"input_tokens": 11, "output_tokens": 7, "cache_read_input_tokens": 2},
         }
+        return _with_usage(message, self.usage)
 
     async def _stream(
         self, request: web.Request, message: dict[str, Any], action: str
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        start = {**message, "content": [], "stop_reason": None}
-        start["usage"] = {**message["usage"], "output_tokens": 1}
+        counts = message.get("usage", OMIT)
+        told = isinstance(counts, dict)
+        start = {k: v for k, v in message.items() if k != "usage"}
+        start.update(content=[], stop_reason=None)
+        start_counts = {**counts, "output_tokens": 1} if told else counts
+        _with_usage(start, self.stream_usage.get("message_start", start_counts))
         events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
         for index, block in enumerate(message["content"]):
             events.extend(_block_events(index, block, self.pieces))
@@ -217,17 +229,18 @@ class FakeAnthropic:
         elif action == "error_first":  # as Anthropic under load: a 200, then the error
             events = [{"type": "ping"}, overloaded]
         else:
-            events.append(
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                    "usage": {"output_tokens": message["usage"]["output_tokens"]},
-                }
-            )
+            delta = {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            }
+            delta_counts = {"output_tokens": counts.get("output_tokens")} if told else counts
+            events.append(_with_usage(delta, self.stream_usage.get("message_delta", delta_counts)))
             events.append({"type": "message_stop"})
         for event in events:
             if self.event_interval_ms:
                 await asyncio.sleep(self.event_interval_ms / 1000)
+            if self.delta_pause_ms and event["type"] == "message_delta":
+                await asyncio.sleep(self.delta_pause_ms / 1000)
             data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
             cut = len(data) // 3
             await resp.write(data[:cut])
@@ -235,6 +248,12 @@ class FakeAnthropic:
             await resp.write(data[cut:])
         await resp.write_eof()
         return resp
+
+
+def _with_usage(holder: dict[str, Any], usage: Any) -> dict[str, Any]:
+    if usage is not OMIT:
+        holder["usage"] = usage
+    return holder
 
 
 def _instance(schema: dict[str, Any]) -> Any:

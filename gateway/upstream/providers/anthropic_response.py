@@ -8,7 +8,8 @@ request's translation rebuilds them); ``tool_use`` blocks become ``tool_calls`` 
 of arguments), except the call of a structured answer's format tool, whose input is the
 content; ``stop_reason`` maps onto ``finish_reason``; usage counts cached prompt tokens (read and written) into ``prompt_tokens``, as OpenAI does, and
 reports the ones read under ``prompt_tokens_details.cached_tokens``; thinking tokens
-(``output_tokens_details.thinking_tokens``) under ``completion_tokens_details.reasoning_tokens``. Server-tool blocks have no
+(``output_tokens_details.thinking_tokens``) under ``completion_tokens_details.reasoning_tokens``; counts that are
+missing or malformed give an answer without usage (charged its estimate). Server-tool blocks have no
 OpenAI counterpart and are left out.
 """
 
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import error_body
+from gateway.limits.cost import Usage, believed_count
 from gateway.protocol import upstream_json
 
 FINISH_REASONS = {
@@ -31,6 +33,14 @@ FINISH_REASONS = {
     "tool_use": "tool_calls",
     "refusal": "content_filter",
 }
+
+# Anthropic's token counts: the input apart from the cache's reads and writes, the output.
+_COUNTS = (
+    "input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "output_tokens",
+)
 
 # Anthropic's error types, as OpenAI's (the original stays in ``code``).
 _ERROR_TYPES = {
@@ -50,29 +60,27 @@ def finish_reason(stop_reason: Any) -> str:
     return FINISH_REASONS.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
 
 
-def usage(counts: Mapping[str, Any]) -> dict[str, Any]:
-    read = _count(counts, "cache_read_input_tokens")
-    written = _count(counts, "cache_creation_input_tokens")
-    prompt = _count(counts, "input_tokens") + read + written
-    completion = _count(counts, "output_tokens")
+def usage(counts: Any) -> dict[str, Any] | None:
+    """Chat's usage for Anthropic's counts; None (the answer goes without one) when they are
+    missing or malformed, so that it is charged its estimate as any upstream's that reports
+    no usage (a zero would be charged as told)."""
+    if not isinstance(counts, Mapping):
+        return None
+    told = Usage.read({key: counts[key] for key in _COUNTS if key in counts})
+    if told is None:
+        return None
     out: dict[str, Any] = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
+        "prompt_tokens": told.input,
+        "completion_tokens": told.output,
+        "total_tokens": told.total,
     }
-    if read or written:
-        out["prompt_tokens_details"] = {"cached_tokens": read}
+    if told.input > counts["input_tokens"]:  # read from or written to the prompt cache
+        out["prompt_tokens_details"] = {"cached_tokens": told.cached_input}
     details = counts.get("output_tokens_details")
-    thinking = _count(details, "thinking_tokens") if isinstance(details, Mapping) else 0
-    if thinking:
+    thinking = details.get("thinking_tokens") if isinstance(details, Mapping) else None
+    if believed_count(thinking) and thinking:
         out["completion_tokens_details"] = {"reasoning_tokens": thinking}
     return out
-
-
-def _count(counts: Mapping[str, Any], key: str) -> int:
-    """A count as a chat client may see it: a non-negative integer, else 0."""
-    value = counts.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def thinking_block(thinking: str, signature: str) -> dict[str, Any]:
@@ -136,8 +144,7 @@ def chat_completion(
     stop = message.get("stop_reason")
     if stop == "tool_use" and not calls:
         stop = "end_turn"  # the only tool called was the answer's format
-    counts = message.get("usage")
-    return {
+    answer: dict[str, Any] = {
         "id": message.get("id"),
         "object": "chat.completion",
         "created": int(time.time()) if created is None else created,
@@ -150,8 +157,11 @@ def chat_completion(
                 "logprobs": None,
             }
         ],
-        "usage": usage(counts if isinstance(counts, dict) else {}),
     }
+    counts = usage(message.get("usage"))
+    if counts is not None:
+        answer["usage"] = counts
+    return answer
 
 
 def openai_error(status: int, raw: bytes) -> dict[str, Any]:

@@ -14,9 +14,11 @@ read a stream they know. The mapping, event by event:
   ``input: {}`` then one empty ``partial_json``): the fragment ``{}``, so the arguments are JSON
   as in a whole answer;
 - ``message_delta``: the chunk with ``finish_reason`` (mapped from ``stop_reason``); its usage
-  counts are cumulative and replace the earlier ones;
+  counts are cumulative and replace the earlier ones (``gateway.protocol.usage.streamed_counts``:
+  the output count is its alone);
 - ``message_stop``: the usage chunk (``choices: []``) when ``stream_options.include_usage`` asked
-  for it, then ``data: [DONE]``;
+  for it and the counts are readable (else none, as from an upstream that reports no usage:
+  the answer is charged its estimate), then ``data: [DONE]``;
 - ``error``: the usage chunk (when asked for: the prompt's counts from ``message_start``, the
   output's the larger of Anthropic's count and the chunks sent), so the answer is metered on
   what Anthropic counted; then ``error`` holds an ``UpstreamStreamError``, raised by the next
@@ -40,6 +42,7 @@ from typing import Any
 
 from gateway.protocol import upstream_json
 from gateway.protocol.sse import DONE_EVENT, EventSplitter, event_data
+from gateway.protocol.usage import streamed_counts
 from gateway.upstream.client import UpstreamStreamError
 from gateway.upstream.providers.anthropic_response import (
     finish_reason,
@@ -65,6 +68,7 @@ class AnthropicStream:
         "_head",
         "_sent",
         "_signature",
+        "_started",
         "_thought",
         "_tools",
         "done",
@@ -87,7 +91,8 @@ class AnthropicStream:
             "created": int(time.time()),
             "model": model,
         }
-        self._counts: dict[str, Any] = {}
+        self._started: dict[str, Any] = {}  # message_start's counts (the input)
+        self._counts: dict[str, Any] | None = None  # the whole answer's, from message_delta
         self._blocks: dict[int, int] = {}
         self._argued: set[int] = set()  # tool calls that had argument text
         self._thought: list[str] = []  # the open thinking block's text
@@ -132,11 +137,9 @@ class AnthropicStream:
         elif kind == "error":
             error = event.get("error")
             error = error if isinstance(error, dict) else {}
-            if self.include_usage and self._counts:  # message_start came: what it counted
-                sent = {
-                    **self._counts,
-                    "output_tokens": max(self._sent, _output_count(self._counts)),
-                }
+            if self.include_usage and self._started:  # message_start came: what it counted
+                counts = self._started if self._counts is None else self._counts
+                sent = {**counts, "output_tokens": max(self._sent, _output_count(counts))}
                 self._usage(out, sent)
             self.error = UpstreamStreamError(
                 f"Anthropic stream error {error.get('type', 'error')}: "
@@ -150,7 +153,7 @@ class AnthropicStream:
             if isinstance(message.get("model"), str):
                 self._head["model"] = message["model"]
             if isinstance(message.get("usage"), dict):
-                self._counts.update(message["usage"])
+                self._started = message["usage"]
         self._chunk(out, {"role": "assistant", "content": ""})
 
     def _block(self, event: dict[str, Any], out: list[bytes]) -> None:
@@ -234,9 +237,7 @@ class AnthropicStream:
                 self._signature = (self._signature or "") + signature
 
     def _message_delta(self, event: dict[str, Any], out: list[bytes]) -> None:
-        counts = event.get("usage")
-        if isinstance(counts, dict):
-            self._counts.update({k: v for k, v in counts.items() if v is not None})
+        self._counts = streamed_counts(self._started, event.get("usage"))
         delta = event.get("delta")
         reason = delta.get("stop_reason") if isinstance(delta, dict) else None
         if reason == "tool_use" and not self._tools:
@@ -249,7 +250,7 @@ class AnthropicStream:
         if not self._finished:
             self._finished = True
             self._chunk(out, {}, "stop")
-        if self.include_usage:
+        if self.include_usage and self._counts is not None:
             self._usage(out, self._counts)
         out.append(DONE_EVENT)
         self.done = True
@@ -259,7 +260,10 @@ class AnthropicStream:
         self._chunk(out, {"tool_calls": [{"index": tool, "function": {"arguments": fragment}}]})
 
     def _usage(self, out: list[bytes], counts: dict[str, Any]) -> None:
-        payload = {**self._head, "choices": [], "usage": usage(counts)}
+        told = usage(counts)
+        if told is None:
+            return  # unreadable counts: no usage chunk, so the answer is charged its estimate
+        payload = {**self._head, "choices": [], "usage": told}
         out.append(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
     def _chunk(self, out: list[bytes], delta: dict[str, Any], finish: str | None = None) -> None:

@@ -63,11 +63,18 @@ def test_usage_of_chat_completions() -> None:
     cached = {"prompt_tokens": 10, "completion_tokens": 3,
               "prompt_tokens_details": {"cached_tokens": 8}}  # fmt: skip
     assert Usage.read(cached) == Usage(10, 8, 3)
-    over = {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 99}}
+    over = {"prompt_tokens": 10, "completion_tokens": 0,
+            "prompt_tokens_details": {"cached_tokens": 99}}  # fmt: skip
     assert Usage.read(over) == Usage(10, 10, 0)  # never more cached than the prompt
-    assert Usage.read({"prompt_tokens": 5}) == Usage(5, 0, 0)  # embeddings
+    embeddings = {"prompt_tokens": 5, "total_tokens": 5}
+    assert Usage.read(embeddings) == Usage(5, 0, 0)  # the output: total minus prompt
+    assert Usage.read({"prompt_tokens": 1000, "total_tokens": 1300}) == Usage(1000, 0, 300)
     bads: tuple[object, ...] = (None, [], {"completion_tokens": 3}, {"prompt_tokens": -1},
-                {"prompt_tokens": True}, {"prompt_tokens": 1, "completion_tokens": "2"})  # fmt: skip
+                {"prompt_tokens": True}, {"prompt_tokens": 1, "completion_tokens": "2"},
+                {"prompt_tokens": 1, "completion_tokens": None},
+                # incomplete: a missing count is not a zero (the estimate is charged)
+                {"prompt_tokens": 5}, {"prompt_tokens": 5, "total_tokens": 4},
+                {"prompt_tokens": 5, "total_tokens": "9"})  # fmt: skip
     for bad in bads:
         assert Usage.read(bad) is None
 
@@ -91,5 +98,18 @@ def test_usage_of_the_responses_and_messages_apis() -> None:
     anthropic = {"input_tokens": 11, "cache_read_input_tokens": 2,
                  "cache_creation_input_tokens": 3, "output_tokens": 7}  # fmt: skip
     assert Usage.read(anthropic) == Usage(16, 2, 7)
-    assert Usage.read({"output_tokens": 15}) == Usage(0, 0, 15)  # a message_delta's
-    assert Usage.read({"input_tokens": -1, "output_tokens": 1}) is None
+    incomplete: tuple[object, ...] = (
+        {"output_tokens": 15},  # a message_delta's alone
+        {"input_tokens": 15},
+        {"input_tokens": -1, "output_tokens": 1},
+        {"input_tokens": 1, "output_tokens": 1, "cache_read_input_tokens": -5},
+        {"input_tokens": 1, "output_tokens": None},
+        {"input_tokens": 1, "output_tokens": 300.0},
+        {"input_tokens": 1, "output_tokens": True},
+    )
+    for bad in incomplete:
+        assert Usage.read(bad) is None
+    null_cache = {"input_tokens": 1, "output_tokens": 2, "cache_read_input_tokens": None}
+    assert Usage.read(null_cache) == Usage(1, 0, 2)  # optional counts may be null
+    responses = {"input_tokens": 30, "total_tokens": 37}
+    assert Usage.read(responses) == Usage(30, 0, 7)

@@ -81,9 +81,21 @@ def test_anthropic_streams_give_input_at_the_start_and_output_at_the_end() -> No
              "cache_read_input_tokens": 2, "output_tokens": 1}}}  # fmt: skip
     delta = {"type": "message_delta", "delta": {}, "usage": {"output_tokens": 7}}
     tap = UsageTap(strip=False)
-    data = named("message_start", start) + named("message_delta", delta)
-    assert tap.feed(data) == data
+    assert tap.feed(named("message_start", start)) == named("message_start", start)
+    # Until message_delta the output is unknown (message_start's 1 says nothing of it): no
+    # usage yet, only the input it counted (what a client that leaves is charged with).
+    assert tap.usage is None and tap.prompt == Usage(13, 2, 0)
+    tap.feed(named("message_delta", delta))
     assert tap.usage == Usage(13, 2, 7)
+    for bad in (-7, "7", 7.5, None, True, 10**13):
+        tap = UsageTap(strip=False)
+        tap.feed(named("message_start", start))
+        tap.feed(named("message_delta", {**delta, "usage": {"output_tokens": bad}}))
+        assert tap.usage is None, bad  # the estimate is charged
+    bad_start = {"type": "message_start", "message": {"usage": {"input_tokens": -1}}}
+    tap = UsageTap(strip=False)
+    tap.feed(named("message_start", bad_start) + named("message_delta", delta))
+    assert tap.usage is None and tap.prompt is None
 
 
 def test_responses_streams_give_their_usage_in_response_completed() -> None:
