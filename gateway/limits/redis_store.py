@@ -192,12 +192,12 @@ class RedisLimitStore:
             now_ms=now,
             debts=tuple(raw[9 : 9 + nb]),
             held=tuple(raw[9 + nb :]),
-            spend=spend_u * _MICRO + spend_p,
+            spend=int(spend_u) * _MICRO + spend_p,
             blocked_by=_BLOCKERS[blocker],
             blocked_index=max(0, index - 1),
             wait_ms=None if wait == -1 else wait,
             over_budget=over == 1,
-            budget_held=held_u * _MICRO,
+            budget_held=int(held_u) * _MICRO,
         )
 
     def _left(self, req: AcquireRequest, mark: str, reply: asyncio.Future[Any]) -> None:
@@ -265,7 +265,8 @@ class RedisLimitStore:
         raw: list[int] | int = await self._call(_SETTLE, *_settle_call(req))
         if not isinstance(raw, list):
             return None  # this settlement had run already: its answer was lost on the way
-        return tuple(raw[i] * _MICRO + raw[i + 1] for i in range(0, len(raw), 2))
+        # Micro-dollars come as decimal strings (``gateway.limits.lua``: money is never a double).
+        return tuple(int(raw[i]) * _MICRO + int(raw[i + 1]) for i in range(0, len(raw), 2))
 
     async def renew(
         self, leases: tuple[tuple[str, str], ...], ttl_ms: int, now_ms: int | None
@@ -283,10 +284,11 @@ class RedisLimitStore:
             raw = await self._redis.eval(lua.READ, 2, key, key + ":h", _arg(now_ms))
         except _ERRORS as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
-        *flat, held = raw
+        *flat, held_text = raw
         out: dict[str, int] = {}
+        held = int(held_text)
         if held > 0:
-            out[HELD] = int(held) * _MICRO
+            out[HELD] = held * _MICRO
         for name_raw, value in zip(flat[::2], flat[1::2], strict=True):
             name = name_raw.decode() if isinstance(name_raw, bytes) else name_raw
             if name == HELD + ".u":
