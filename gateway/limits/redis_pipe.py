@@ -25,8 +25,9 @@ script the server does not know (NOSCRIPT, after a restart) did not run: it is l
 those calls are sent again on the same connection. A refusal that is Redis unavailable, not a
 bug of ours (out of memory, a read-only replica after a failover, credentials it wants or
 refuses, still loading, busy with another script: ``OUTAGES``), fails its call as an outage
-does, logged by the store once per outage; any other error a script returns (``ScriptError``)
-is a bug of ours and logged as one.
+does, logged by the store once per outage; any other error a script returns fails that call
+alone (``ScriptError``: a bug of ours, or an input the script cannot take), logged by the store
+once per kind.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import asyncio
 import collections
 import functools
 import hashlib
-import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,9 +45,7 @@ import hiredis
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.exceptions import ResponseError
 
-from gateway.limits.store import StoreUnavailable
-
-log = logging.getLogger("llm_gateway.limits")
+from gateway.limits.store import ScriptError, StoreUnavailable
 
 Arg = int | str
 
@@ -70,10 +68,6 @@ OUTAGES = frozenset(
 )
 
 
-class ScriptError(StoreUnavailable):
-    """A script of ours failed in Redis (a bug: logged as an error)."""
-
-
 def error_code(error: Exception) -> str:
     """The code a Redis error reply begins with (``WRONGPASS``, ``OOM``, ``ERR``), never the
     rest of the message (it may quote what was sent); "" when it has none."""
@@ -91,10 +85,11 @@ def is_outage(error: Exception) -> bool:
 class Script:
     text: str
     sha: str
+    name: str = "script"  # for the logs
 
     @classmethod
-    def of(cls, text: str) -> Script:
-        return cls(text, hashlib.sha1(text.encode()).hexdigest())
+    def of(cls, text: str, name: str = "script") -> Script:
+        return cls(text, hashlib.sha1(text.encode()).hexdigest(), name)
 
     @property
     def sha_bytes(self) -> bytes:
@@ -369,8 +364,7 @@ def _deliver(call: _Call, reply: Any) -> None:
             code = error_code(reply) or "unauthenticated"
             call.future.set_exception(StoreUnavailable(f"redis refused: {code}"))
             return
-        # A script error is a bug of ours, not an outage: say so loudly.
-        log.error("limit script failed: %s", reply)
+        # This call's own failure (a bug of ours, or an input it cannot take), not an outage.
         call.future.set_exception(ScriptError(f"redis script error: {reply}"))
     else:
         call.future.set_result(reply)
