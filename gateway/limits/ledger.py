@@ -15,7 +15,9 @@ When the store is unavailable, nothing a tenant spent is lost and nothing is cou
   ``uncertain_merged``, since it may then be counted twice);
 
 and both are written by the next successful settlement, or by ``flush`` (the limiter calls it
-every few seconds). Token adjustments, lease and hold releases are not kept: the buckets drain
+every few seconds). A settlement the store failed alone (``ScriptError``: a bug, or an amount
+it cannot take) is dropped and counted in ``lost_records``: sent again it would fail again,
+and hold up every write queued behind it. Token adjustments, lease and hold releases are not kept: the buckets drain
 and the leases and holds expire on their own (their holder stops renewing them), a hold
 erring on the safe side meanwhile (it holds more of the budget than is spent).
 
@@ -37,6 +39,7 @@ from gateway.limits.store import (
     BucketAdjust,
     Hold,
     LimitStore,
+    ScriptError,
     SettleRequest,
     StoreUnavailable,
     UsageAdd,
@@ -170,6 +173,10 @@ class Ledger:
             req, entries = self._uncertain[0]
             try:
                 spends = await self.store.settle(req)
+            except ScriptError:
+                self._uncertain.pop(0)
+                self.lost_records += len(entries)
+                continue
             except StoreUnavailable:
                 return
             self._uncertain.pop(0)
@@ -205,6 +212,9 @@ class Ledger:
     async def _send(self, req: SettleRequest, entries: list[_Entry]) -> bool:
         try:
             spends = await self.store.settle(req)
+        except ScriptError:  # logged by the store; sent again, it would fail again
+            self.lost_records += len(entries)
+            return True
         except StoreUnavailable as exc:
             if exc.maybe_applied and len(self._uncertain) < MAX_UNCERTAIN:
                 self._uncertain.append((req, entries))

@@ -23,7 +23,8 @@ The store unavailable (Redis down): ``fail_open`` admits without limits (the bud
 checked either), otherwise requests are refused (``reason="unavailable"``). Either way each
 such decision is counted (``counts.unavailable``, by the direction it took) and one warning is
 logged per outage; usage that could not be written is kept and written once the store answers
-(``gateway.limits.ledger``).
+(``gateway.limits.ledger``). A check the store failed alone (``ScriptError``) is answered the
+same way, that request only: the store is not down.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from gateway.limits.store import (
     Hold,
     LimitCounts,
     LimitStore,
+    ScriptError,
     SlotTake,
     StoreUnavailable,
     lease_ids,
@@ -255,6 +257,8 @@ class Limiter:
         )
         try:
             result = await self.store.acquire(req)
+        except ScriptError:  # this check alone failed (logged by the store): not an outage
+            return self._unavailable(subject, outage=False)
         except StoreUnavailable:
             return self._unavailable(subject)
         self._recovered()
@@ -476,11 +480,11 @@ class Limiter:
         """Decisions taken while the store was unavailable, either way."""
         return sum(self.counts.unavailable.values())
 
-    def _unavailable(self, subject: Subject) -> Admission:
+    def _unavailable(self, subject: Subject, *, outage: bool = True) -> Admission:
         # Labelled with the direction taken now: a reload may change limits_failure_mode.
         unavailable, direction = self.counts.unavailable, "open" if self.fail_open else "closed"
         unavailable[direction] = unavailable.get(direction, 0) + 1
-        if not self._outage:
+        if outage and not self._outage:
             self._outage = True
             direction = "admitting without limits" if self.fail_open else "refusing requests"
             log.warning("limit store unavailable: %s until it answers", direction)

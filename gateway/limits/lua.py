@@ -1,14 +1,24 @@
 """The Lua scripts of the Redis limit store: each check or settlement is one atomic script.
 
-They mirror ``gateway.limits.gcra`` and ``gateway.limits.memory`` line for line. Every number
-stays an integer below 2**53 (Lua numbers are doubles), so the arithmetic is exact:
+They mirror ``gateway.limits.gcra`` and ``gateway.limits.memory`` line for line, and their
+arithmetic is exact:
 
-* a bucket is a hash ``{d: debt, t: ms}``, expiring once drained (plus a second);
+* a bucket is a hash ``{d: debt, t: ms}``, expiring once drained (plus a second); its numbers
+  stay integers below 2**53 (``MAX_RATE``), exact in Lua's numbers (doubles);
 * a slot set is a sorted set of lease ids scored by their expiry (ms), and so is a budget
   window's hold set (members ``<id>=<micro-dollars>``, their total the record's ``held$.u``);
 * money is a pair of fields, ``<name>.u`` (whole micro-dollars) and ``<name>.p`` (the pUSD
-  below one micro-dollar, kept under 10**6 by carrying), so a tenant's spend is exact up to
-  about 9e12 USD; the client sends each amount already split the same way.
+  below one micro-dollar, kept under 10**6 by carrying); the client sends each amount already
+  split the same way.
+
+Money is never a Lua number. Micro-dollars reach 10**18 (a budget may be 10**12 USD), past
+2**53, where doubles round, and Redis writes a number of 10**17 or more that a script hands it
+as ``1e+17``, which ``HINCRBY`` then refuses. So amounts stay decimal strings: Redis adds them
+(``HINCRBY`` with the string, exact in 64 bits: a window's spend up to about 9.2e12 USD, past
+which ``HINCRBY`` refuses the settlement), the scripts return them as strings, and the budget
+gate compares sums as pairs of doubles ``{high, low}`` in base 10**9 (``money``, ``plus``,
+``compare``), each part exact: ``spend + held + hold`` against the cap holds even a hold far
+past any cap (it is over, however it rounds).
 
 Time is the server's (``TIME``, one clock for every instance) unless the caller passes one.
 """
@@ -34,6 +44,35 @@ local function drained(key, now, limit)
   if now > t then d = math.max(0, d - (now - t) * limit) end
   return d, math.max(t, now)
 end
+-- Money (module docstring): a non-negative decimal string as {high, low} in base 10**9.
+local BASE = 1000000000
+local function money(text)
+  if not text or string.sub(text, 1, 1) == '-' then return {0, 0} end
+  local n = #text
+  if n <= 9 then return {0, tonumber(text)} end
+  return {tonumber(string.sub(text, 1, n - 9)), tonumber(string.sub(text, n - 8))}
+end
+local function plus(a, b)
+  local low = a[2] + b[2]
+  if low >= BASE then return {a[1] + b[1] + 1, low - BASE} end
+  return {a[1] + b[1], low}
+end
+local function compare(a, b)
+  if a[1] ~= b[1] then return a[1] < b[1] and -1 or 1 end
+  if a[2] ~= b[2] then return a[2] < b[2] and -1 or 1 end
+  return 0
+end
+local function text(a)
+  if a[1] == 0 then return string.format('%d', a[2]) end
+  return string.format('%d%09d', a[1], a[2])
+end
+-- Take ``amount`` (a positive decimal string) off a record's held total, dropped at zero.
+local function unhold(rec, amount)
+  if amount == '0' then return end
+  if redis.call('HINCRBY', rec, 'held$.u', '-' .. amount) <= 0 then
+    redis.call('HDEL', rec, 'held$.u')
+  end
+end
 local function store(key, d, t, limit)
   if d > 0 then
     redis.call('HSET', key, 'd', d, 't', t)
@@ -55,7 +94,8 @@ end
 # it took, once; found already there (``UNDO`` ran first: its caller gave up), the check takes
 # nothing and returns -1.
 # Returns: admitted, now, blocker (0, 1 bucket, 2 slot, 3 budget), index (1-based),
-#          wait ms (-1: never), spend micro, spend pUSD rest, over budget 0|1, held micro,
+#          wait ms (-1: never), spend micro (a decimal string, as every amount of micro-dollars
+#          returned), spend pUSD rest, over budget 0|1, held micro,
 #          debts..., held leases...; or -1 (given up before it ran).
 ACQUIRE = (
     _COMMON
@@ -66,30 +106,34 @@ local lease, ttl = ARGV[4], tonumber(ARGV[5])
 local mark = ARGV[12] ~= '' and KEYS[#KEYS] or nil
 if mark and redis.call('EXISTS', mark) == 1 then return -1 end
 local blocker, index, wait = 0, 0, 0
-local su, sp, over, hu = 0, 0, 0, 0
-local need = tonumber(ARGV[9])
+local su, sp, over, hu = '0', 0, 0, '0'
+local need = ARGV[9]
 local rec, hk = KEYS[nb + ns + 1], KEYS[nb + ns + 2]
 if ARGV[6] ~= '' then
   local row = redis.call('HMGET', rec, 'spend$.u', 'spend$.p', 'held$.u')
-  su, sp, hu = tonumber(row[1]) or 0, tonumber(row[2]) or 0, tonumber(row[3]) or 0
-  if hu > 0 then
+  su, sp, hu = row[1] or '0', tonumber(row[2]) or 0, row[3] or '0'
+  if row[3] then
     -- holds their holder stopped renewing (a crashed instance) are reclaimed
     local gone = redis.call('ZRANGEBYSCORE', hk, '-inf', now)
-    for _, m in ipairs(gone) do hu = hu - tonumber(string.match(m, '=(%d+)$')) end
-    if #gone > 0 then redis.call('ZREMRANGEBYSCORE', hk, '-inf', now) end
-    if hu <= 0 or redis.call('EXISTS', hk) == 0 then
-      hu = 0
+    if #gone > 0 then
+      local freed = {0, 0}
+      for _, m in ipairs(gone) do freed = plus(freed, money(string.match(m, '=(%d+)$'))) end
+      redis.call('ZREMRANGEBYSCORE', hk, '-inf', now)
+      unhold(rec, text(freed))
+    end
+    hu = redis.call('HGET', rec, 'held$.u') or '0'
+    if hu ~= '0' and redis.call('EXISTS', hk) == 0 then
+      hu = '0'
       redis.call('HDEL', rec, 'held$.u')
-    elseif #gone > 0 then
-      redis.call('HSET', rec, 'held$.u', hu)
     end
   end
-  local cu, cp = tonumber(ARGV[6]), tonumber(ARGV[7])
-  if su > cu or (su == cu and sp >= cp) then
+  local spent, cap, cp = money(su), money(ARGV[6]), tonumber(ARGV[7])
+  local c = compare(spent, cap)
+  if c > 0 or (c == 0 and sp >= cp) then
     over = 1
-  elseif need > 0 then
-    local u = su + hu + need
-    if u > cu or (u == cu and sp > cp) then over = 1 end
+  elseif need ~= '0' then
+    c = compare(plus(plus(spent, money(hu)), money(need)), cap)
+    if c > 0 or (c == 0 and sp > cp) then over = 1 end
   end
   if over == 1 and ARGV[8] == '1' then blocker = 3 end
 end
@@ -146,11 +190,11 @@ if blocker == 0 then
     redis.call('PEXPIRE', KEYS[nb + j], ttl + 1000)
     held[j] = held[j] + counts[j]
   end
-  if need > 0 and over == 0 and ARGV[6] ~= '' then
+  if need ~= '0' and over == 0 and ARGV[6] ~= '' then
     redis.call('ZADD', hk, now + ttl, ARGV[10])
     redis.call('PEXPIRE', hk, ttl + 1000)
-    hu = hu + need
-    redis.call('HSET', rec, 'held$.u', hu)
+    redis.call('HINCRBY', rec, 'held$.u', need)
+    hu = redis.call('HGET', rec, 'held$.u')
     if redis.call('TTL', rec) < 0 then redis.call('EXPIRE', rec, tonumber(ARGV[11])) end
   end
   if mark then redis.call('SET', mark, 1, 'PX', math.max(ttl, 1000)) end
@@ -196,11 +240,7 @@ end
 for h = 1, nh do
   -- a hold still in its set leaves it and the total, once (reclaimed or released: nothing)
   local rec, hk = KEYS[na + nr + 2 * h - 1], KEYS[na + nr + 2 * h]
-  if redis.call('ZREM', hk, ARGV[a]) == 1 then
-    if redis.call('HINCRBY', rec, 'held$.u', -tonumber(ARGV[a + 1])) <= 0 then
-      redis.call('HDEL', rec, 'held$.u')
-    end
-  end
+  if redis.call('ZREM', hk, ARGV[a]) == 1 then unhold(rec, ARGV[a + 1]) end
   a = a + 2
 end
 local out = {}
@@ -216,20 +256,24 @@ for g = 1, groups do
     local key = KEYS[k]
     for f = 0, nf - 1 do
       local at = fields + 3 * f
-      local name, hi, lo = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+      local name, hi, lo = ARGV[at], ARGV[at + 1], ARGV[at + 2]
       if string.sub(name, -1) == '$' then
+        -- hi: micro-dollars, a decimal string (module docstring); lo: pUSD under 10**6
         local rest = redis.call('HINCRBY', key, name .. '.p', lo)
         local carry = math.floor(rest / 1000000)
-        if carry > 0 then redis.call('HINCRBY', key, name .. '.p', -carry * 1000000) end
-        if hi + carry > 0 then redis.call('HINCRBY', key, name .. '.u', hi + carry) end
-      elseif hi ~= 0 then
+        if hi ~= '0' then redis.call('HINCRBY', key, name .. '.u', hi) end
+        if carry > 0 then
+          redis.call('HINCRBY', key, name .. '.p', -carry * 1000000)
+          redis.call('HINCRBY', key, name .. '.u', carry)
+        end
+      elseif hi ~= '0' then
         redis.call('HINCRBY', key, name, hi)
       end
     end
     redis.call('EXPIRE', key, tonumber(ARGV[keeps + r - 1]))
     local row = redis.call('HMGET', key, 'spend$.u', 'spend$.p')
-    out[#out + 1] = tonumber(row[1]) or 0
-    out[#out + 1] = tonumber(row[2]) or 0
+    out[#out + 1] = row[1] or '0'
+    out[#out + 1] = row[2] or '0'
   end
 end
 return out
@@ -273,11 +317,7 @@ if #leases > 0 then
 end
 if ARGV[6] ~= '' then
   local rec, hk = KEYS[2 + nb + ns], KEYS[3 + nb + ns]
-  if redis.call('ZREM', hk, ARGV[6]) == 1 then
-    if redis.call('HINCRBY', rec, 'held$.u', -tonumber(ARGV[7])) <= 0 then
-      redis.call('HDEL', rec, 'held$.u')
-    end
-  end
+  if redis.call('ZREM', hk, ARGV[6]) == 1 then unhold(rec, ARGV[7]) end
 end
 return 1
 """
@@ -292,11 +332,11 @@ READ = (
     + """
 local now = now_ms(ARGV[1])
 local out = redis.call('HGETALL', KEYS[1])
-local held = 0
+local held = {0, 0}
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf')) do
-  held = held + tonumber(string.match(m, '=(%d+)$'))
+  held = plus(held, money(string.match(m, '=(%d+)$')))
 end
-out[#out + 1] = held
+out[#out + 1] = text(held)
 return out
 """
 )

@@ -20,13 +20,23 @@ ms through the protocol, 0.16-0.28 ms for a bare PING). redis-py still parses th
 (``redis://``, ``rediss://``, ``unix://``; user, password and database are sent on connect).
 
 A failed batch says whether its calls may have run (``maybe_applied``): one that failed before
-it was written did not run; one that failed after (connection lost, time-out) may have. A
-script the server does not know (NOSCRIPT, after a restart) did not run: it is loaded and
-those calls are sent again on the same connection. A refusal that is Redis unavailable, not a
-bug of ours (out of memory, a read-only replica after a failover, credentials it wants or
-refuses, still loading, busy with another script: ``OUTAGES``), fails its call as an outage
-does, logged by the store once per outage; any other error a script returns (``ScriptError``)
-is a bug of ours and logged as one.
+it was written did not run; one that failed after (connection lost, time-out) may have.
+
+Scripts travel as ``EVALSHA`` while the server is known to hold them, else as ``EVAL`` with
+their text (which caches them): at start, after a connection was lost (the server may have
+restarted empty) and after any ``NOSCRIPT`` (the cache was flushed: every script is gone). A
+call answered ``NOSCRIPT`` did not run: it is sent again whole on its connection, a round
+trip later, and calls made meanwhile may overtake it. Only calls in flight at a flush meet
+it (before, each script's first call after it did, and a settlement so delayed was overtaken
+by its client's next check: a refused "request in flight" under ``max_concurrent: 1``). A
+settlement is written as its request ends, before that client's next request can reach its
+check, so only a flush between a request's check and its settlement still puts it behind.
+
+A refusal that is Redis unavailable, not a bug of ours (out of memory, a read-only replica
+after a failover, credentials it wants or refuses, still loading, busy with another script:
+``OUTAGES``), fails its call as an outage does, logged by the store once per outage; any other
+error a script returns fails that call alone (``ScriptError``: a bug of ours, or an input the
+script cannot take), logged by the store once per kind.
 """
 
 from __future__ import annotations
@@ -35,7 +45,6 @@ import asyncio
 import collections
 import functools
 import hashlib
-import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,9 +54,7 @@ import hiredis
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.exceptions import ResponseError
 
-from gateway.limits.store import StoreUnavailable
-
-log = logging.getLogger("llm_gateway.limits")
+from gateway.limits.store import ScriptError, StoreUnavailable
 
 Arg = int | str
 
@@ -70,10 +77,6 @@ OUTAGES = frozenset(
 )
 
 
-class ScriptError(StoreUnavailable):
-    """A script of ours failed in Redis (a bug: logged as an error)."""
-
-
 def error_code(error: Exception) -> str:
     """The code a Redis error reply begins with (``WRONGPASS``, ``OOM``, ``ERR``), never the
     rest of the message (it may quote what was sent); "" when it has none."""
@@ -91,14 +94,19 @@ def is_outage(error: Exception) -> bool:
 class Script:
     text: str
     sha: str
+    name: str = "script"  # for the logs
 
     @classmethod
-    def of(cls, text: str) -> Script:
-        return cls(text, hashlib.sha1(text.encode()).hexdigest())
+    def of(cls, text: str, name: str = "script") -> Script:
+        return cls(text, hashlib.sha1(text.encode()).hexdigest(), name)
 
     @property
     def sha_bytes(self) -> bytes:
         return self.sha.encode()
+
+    @property
+    def text_bytes(self) -> bytes:
+        return self.text.encode()
 
 
 @dataclass(slots=True)
@@ -197,6 +205,7 @@ class ScriptPipe:
         self._idle: list[_Link] = []
         self._connecting: asyncio.Task[None] | None = None
         self._exchanges: set[asyncio.Future[list[Any]]] = set()
+        self._known: set[str] = set()  # shas of the scripts the server holds (module comment)
         self.batches = 0  # writes sent (each with up to max_batch calls)
 
     async def call(self, script: Script, keys: list[str], args: list[Arg]) -> Any:
@@ -262,7 +271,7 @@ class ScriptPipe:
         links: list[_Link] = []
 
         def made() -> _Link:
-            links.append(_Link(lambda: self.on_trouble()))
+            links.append(_Link(self._lost))
             return links[-1]
 
         try:
@@ -303,25 +312,37 @@ class ScriptPipe:
                         raise reply
         return link
 
-    def _send(self, link: _Link, batch: list[_Call], loads: tuple[Script, ...] = ()) -> None:
-        """Write ``batch`` (after SCRIPT LOADs of ``loads``) on ``link``, from this step; each
-        call gets its reply as soon as it is read."""
-        payload = b"".join(_command(b"SCRIPT", b"LOAD", s.text.encode()) for s in loads)
-        payload += b"".join(_pack(c) for c in batch)
+    def _lost(self) -> None:
+        """The server closed a connection: it may come back empty (a restart)."""
+        self._known.clear()
+        self.on_trouble()
+
+    def _send(self, link: _Link, batch: list[_Call]) -> None:
+        """Write ``batch`` on ``link``, from this step; each call gets its reply as soon as it
+        is read."""
+        parts = []
+        with_text: set[str] = set()  # scripts this write sends whole (then known to the server)
+        for call in batch:
+            sha = call.script.sha
+            whole = sha not in self._known and sha not in with_text
+            if whole:
+                with_text.add(sha)
+            parts.append(_pack(call, whole))
+        payload = b"".join(parts)
         self._in_flight += 1
         self.batches += 1
-        missing: list[_Call] = []  # calls of scripts the server did not know: not run
+        missing: list[_Call] = []  # calls of scripts the server did not hold: not run
 
         def on_reply(index: int, reply: Any) -> None:
-            if index < len(loads):
-                return  # a SCRIPT LOAD's answer (a failed load shows in its calls' replies)
-            call = batch[index - len(loads)]
-            if not loads and isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT"):
+            call = batch[index]
+            if isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT"):
+                self._known.clear()  # the cache was flushed: every script is gone
                 missing.append(call)
-            else:
-                _deliver(call, reply)
+                return
+            self._known.add(call.script.sha)
+            _deliver(call, reply)
 
-        exchange = link.exchange(payload, len(loads) + len(batch), on_reply)
+        exchange = link.exchange(payload, len(batch), on_reply)
         timer = asyncio.get_running_loop().call_later(self.timeout_s, link.expire)
         self._exchanges.add(exchange)
         exchange.add_done_callback(functools.partial(self._answered, link, batch, missing, timer))
@@ -339,6 +360,7 @@ class ScriptPipe:
         self._in_flight -= 1
         exc = ConnectionError("closed") if exchange.cancelled() else exchange.exception()
         if exc is not None:
+            self._known.clear()  # the server may be gone, and come back empty
             self.on_trouble()
             link.close()
             # The idle ones most likely lost their server too (a restart): reconnect afresh
@@ -352,8 +374,8 @@ class ScriptPipe:
                 if not c.future.done():
                     c.future.set_exception(failed)
         elif missing:
-            # Load the scripts and send those calls again, on this connection.
-            self._send(link, missing, tuple({c.script: None for c in missing}))
+            # Sent again whole (``_known`` was cleared), in their order, on this connection.
+            self._send(link, missing)
         else:
             self._idle.append(link)
         self._pump()
@@ -369,19 +391,23 @@ def _deliver(call: _Call, reply: Any) -> None:
             code = error_code(reply) or "unauthenticated"
             call.future.set_exception(StoreUnavailable(f"redis refused: {code}"))
             return
-        # A script error is a bug of ours, not an outage: say so loudly.
-        log.error("limit script failed: %s", reply)
+        # This call's own failure (a bug of ours, or an input it cannot take), not an outage.
         call.future.set_exception(ScriptError(f"redis script error: {reply}"))
     else:
         call.future.set_result(reply)
 
 
-def _pack(call: _Call) -> bytes:
-    """One EVALSHA in RESP. Ours rather than redis-py's generic packer, which costs about
-    0.6 us per argument (type checks, encoders) where this costs a third of it: a settlement
-    has some 40 arguments, and every request sends one besides its check."""
+def _pack(call: _Call, whole: bool = False) -> bytes:
+    """One EVALSHA in RESP (``whole``: an EVAL with the script's text). Ours rather than
+    redis-py's generic packer, which costs about 0.6 us per argument (type checks, encoders)
+    where this costs a third of it: a settlement has some 40 arguments, and every request sends
+    one besides its check."""
     data = [str(len(call.keys)).encode()]
     data += [k.encode() for k in call.keys]
     data += [a.encode() if isinstance(a, str) else b"%d" % a for a in call.args]
-    head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n" % (len(data) + 2, call.script.sha_bytes)
+    if whole:
+        text = call.script.text_bytes
+        head = b"*%d\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n" % (len(data) + 2, len(text), text)
+    else:
+        head = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n" % (len(data) + 2, call.script.sha_bytes)
     return head + b"".join([b"$%d\r\n%s\r\n" % (len(d), d) for d in data])

@@ -10,6 +10,9 @@ Redis down or slow: each batch of calls is bounded by ``timeout_s`` from its wri
 failure logs one warning and opens a back-off window of ``retry_after_s`` in which calls fail
 at once with ``StoreUnavailable`` (no connection storm, no added latency while Redis is
 away); the first success after it logs the recovery. ``failures`` counts failed calls.
+A script that fails (``ScriptError``: a bug of ours, or an input it cannot take) fails its
+own call only: Redis answered, so there is no back-off for the others; each kind of error is
+logged once, and ``script_errors`` counts them all.
 
 A check whose answer was lost (it timed out, its connection closed, or its caller left) may
 have run and admitted it all the same: what it took is given back by ``UNDO`` once Redis
@@ -37,7 +40,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.limits import lua
-from gateway.limits.redis_pipe import Arg, Script, ScriptError, ScriptPipe
+from gateway.limits.redis_pipe import Arg, Script, ScriptPipe
 from gateway.limits.store import (
     HELD,
     MICRO,
@@ -46,6 +49,7 @@ from gateway.limits.store import (
     AcquireResult,
     Blocker,
     LimitCounts,
+    ScriptError,
     SettleRequest,
     StoreUnavailable,
     UsageAdd,
@@ -58,7 +62,7 @@ _ERRORS = (RedisError, OSError, TimeoutError)
 _BLOCKERS: dict[int, Blocker | None] = {0: None, 1: "bucket", 2: "slot", 3: "budget"}
 _MICRO = MICRO  # pUSD per micro-dollar: money is sent and stored as (micro, pUSD rest)
 _ACQUIRE, _SETTLE, _RENEW, _UNDO = (
-    Script.of(text) for text in (lua.ACQUIRE, lua.SETTLE, lua.RENEW, lua.UNDO)
+    Script.of(getattr(lua, name), name) for name in ("ACQUIRE", "SETTLE", "RENEW", "UNDO")
 )
 MAX_UNDOS = 10_000  # undos of lost checks waiting for Redis (module comment)
 _Undo = tuple[list[str], list[Arg]]
@@ -137,6 +141,8 @@ class RedisLimitStore:
         self._down_since: float | None = None
         self._retry_at = 0.0
         self.failures = 0
+        self.script_errors = 0
+        self._script_errors_seen: set[str] = set()  # kinds logged (script and message)
         # Checks whose answers were lost, to give back (module comment); each check's marker.
         self._undos: collections.deque[_Undo] = collections.deque()
         self._undo_timer: asyncio.TimerHandle | None = None
@@ -192,12 +198,12 @@ class RedisLimitStore:
             now_ms=now,
             debts=tuple(raw[9 : 9 + nb]),
             held=tuple(raw[9 + nb :]),
-            spend=spend_u * _MICRO + spend_p,
+            spend=int(spend_u) * _MICRO + spend_p,
             blocked_by=_BLOCKERS[blocker],
             blocked_index=max(0, index - 1),
             wait_ms=None if wait == -1 else wait,
             over_budget=over == 1,
-            budget_held=held_u * _MICRO,
+            budget_held=int(held_u) * _MICRO,
         )
 
     def _left(self, req: AcquireRequest, mark: str, reply: asyncio.Future[Any]) -> None:
@@ -265,7 +271,8 @@ class RedisLimitStore:
         raw: list[int] | int = await self._call(_SETTLE, *_settle_call(req))
         if not isinstance(raw, list):
             return None  # this settlement had run already: its answer was lost on the way
-        return tuple(raw[i] * _MICRO + raw[i + 1] for i in range(0, len(raw), 2))
+        # Micro-dollars come as decimal strings (``gateway.limits.lua``: money is never a double).
+        return tuple(int(raw[i]) * _MICRO + int(raw[i + 1]) for i in range(0, len(raw), 2))
 
     async def renew(
         self, leases: tuple[tuple[str, str], ...], ttl_ms: int, now_ms: int | None
@@ -283,10 +290,11 @@ class RedisLimitStore:
             raw = await self._redis.eval(lua.READ, 2, key, key + ":h", _arg(now_ms))
         except _ERRORS as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
-        *flat, held = raw
+        *flat, held_text = raw
         out: dict[str, int] = {}
+        held = int(held_text)
         if held > 0:
-            out[HELD] = int(held) * _MICRO
+            out[HELD] = held * _MICRO
         for name_raw, value in zip(flat[::2], flat[1::2], strict=True):
             name = name_raw.decode() if isinstance(name_raw, bytes) else name_raw
             if name == HELD + ".u":
@@ -342,6 +350,9 @@ class RedisLimitStore:
                 except asyncio.CancelledError:
                     reply.add_done_callback(left)
                     raise
+        except ScriptError as exc:
+            self._script_failed(script, exc)
+            raise
         except StoreUnavailable as exc:
             self._failed(exc)
             raise
@@ -349,6 +360,13 @@ class RedisLimitStore:
             log.warning("redis limit store back after %.1f s", time.monotonic() - self._down_since)
             self._down_since = None
         return result
+
+    def _script_failed(self, script: Script, exc: ScriptError) -> None:
+        self.script_errors += 1
+        kind = f"{script.name}: {exc}"
+        if kind not in self._script_errors_seen and len(self._script_errors_seen) < 64:
+            self._script_errors_seen.add(kind)
+            log.error("limit script %s failed, for this call only: %s", script.name, exc)
 
     def _failed(self, exc: StoreUnavailable) -> None:
         self.failures += 1

@@ -18,6 +18,8 @@ the total), so a settlement resent after a lost answer cannot release it twice.
 
 Money fields of a usage record end in ``$`` and are pUSD (``gateway.limits.cost``).
 A store that cannot answer raises ``StoreUnavailable``; the limiter decides what that means.
+One call the store could not run (``ScriptError``: a bug, or an input it cannot take) fails
+that call alone: the store stays available to every other.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ class StoreUnavailable(Exception):
     def __init__(self, message: str, *, maybe_applied: bool = False) -> None:
         super().__init__(message)
         self.maybe_applied = maybe_applied
+
+
+class ScriptError(StoreUnavailable):
+    """The store failed this one call (a script error: a bug of ours or an input it cannot
+    take), not for want of the store: the caller answers as if it were unavailable, for this
+    call only, and sending it again would fail again."""
 
 
 @dataclass(frozen=True, slots=True)

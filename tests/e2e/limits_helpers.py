@@ -41,9 +41,10 @@ def limits_policy(
     failure_mode: str = "open",
     backends: dict[str, Any] | None = None,
     server: dict[str, Any] | None = None,
+    team_b: dict[str, Any] | None = None,
 ) -> str:
     sections: dict[str, Any] = {
-        "tenants": tenants(**{"team-a": team_a}),
+        "tenants": tenants(**{"team-a": team_a, "team-b": team_b or {}}),
         # A check slower than timeout_ms counts as Redis unavailable and is admitted (fail
         # open): these tests are about exactness, so a machine busy starting the vLLM tier
         # must not look like an outage (one CI run saw a 500 ms check time out).

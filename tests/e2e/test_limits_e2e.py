@@ -12,7 +12,9 @@ import aiohttp
 import anthropic
 import openai
 import pytest
+import redis.asyncio as aioredis
 
+from gateway.limits.redis_store import RedisLimitStore
 from tests.cache.conftest import RedisServer
 from tests.conftest import (
     FakeFactory,
@@ -268,6 +270,56 @@ async def test_a_burst_over_two_instances_never_passes_the_budget(
     _, report = await usage_report(gateways[1], tenant="team-a", window="day")
     assert (report["spend_usd"], report["held_usd"], report["budget_usd"]) == ("0.034", "0", "0.05")
     assert len(fake.fake.requests) == 2
+
+
+async def test_the_largest_budget_holds_a_huge_request_exactly_and_others_keep_their_limits(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    redis_server: RedisServer,
+    clients: Clients,
+) -> None:
+    """A budget of 10**12 USD (the most a policy takes) and a request holding 10**11 USD
+    (10**17 micro-dollars, which Redis wrote as ``1e+17``): its settlement failed in its script,
+    which put the whole store in back-off, so another tenant's limit was not enforced."""
+    fake = await make_fake()
+    budget = {"budget": {"usd": 10**12, "window": "day"}}
+    policy = limits_policy(
+        fake.url, redis_server.url, budget, team_b={"limits": {"requests_per_minute": 2}}
+    )
+    gw = await make_gateway(policy, clock=Clock())
+    for _ in range(2):
+        status, headers, _ = await chat(clients(gw), max_tokens=50_000_000_000_000)
+        assert status == 200 and headers["x-gateway-cost-usd"] == "0.017"
+        await settled(gw)
+    _, report = await usage_report(gw, tenant="team-a", window="day")
+    assert (report["spend_usd"], report["held_usd"]) == ("0.034", "0")
+    assert [(await chat(clients(gw, "team-b")))[0] for _ in range(3)] == [200, 200, 429]
+    store = gw.runtime.limiter.store
+    assert isinstance(store, RedisLimitStore) and (store.failures, store.script_errors) == (0, 0)
+
+
+async def test_a_sequential_client_is_never_refused_for_its_finished_request_after_a_flush(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    redis_server: RedisServer,
+    clients: Clients,
+) -> None:
+    """Redis's script cache flushed (``SCRIPT FLUSH``, a restart): a settlement that waited
+    for its script to be reloaded was overtaken by the client's next check, which found the
+    finished request's slot still taken (two rounds in five were 200, 429, 200)."""
+    fake = await make_fake()
+    limits = {"limits": {"requests_per_minute": 100_000, "max_concurrent": 1}}
+    gw = await make_gateway(limits_policy(fake.url, redis_server.url, limits), clock=Clock())
+    user = clients(gw)
+    admin = aioredis.Redis.from_url(redis_server.url)
+    try:
+        rounds = []
+        for _ in range(30):
+            await admin.script_flush()
+            rounds.append([(await chat(user))[0] for _ in range(3)])
+    finally:
+        await admin.aclose()
+    assert rounds == [[200] * 3] * 30
 
 
 async def test_a_client_that_leaves_mid_stream_releases_its_hold(

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from gateway.limits import redis_store
+from gateway.limits.cost import Usage
 from gateway.limits.gcra import Rate
 from gateway.limits.limiter import Limiter, LimitExceeded
 from gateway.limits.redis_pipe import Script, ScriptPipe
@@ -25,16 +26,20 @@ from gateway.limits.redis_store import RedisLimitStore
 from gateway.limits.rules import RateLimits, Subject
 from gateway.limits.store import (
     HELD,
+    SPEND,
     AcquireRequest,
     BucketTake,
     BudgetGate,
     Hold,
     LimitCounts,
     LimitStore,
+    ScriptError,
     SettleRequest,
     SlotTake,
     StoreUnavailable,
 )
+from gateway.limits.usage import UsageRecord
+from gateway.limits.windows import Window, window_of
 from gateway.observability.usage_metrics import LimiterCollector
 from tests.cache.conftest import RedisServer
 from tests.gateway.limits.conftest import Clock
@@ -356,19 +361,73 @@ async def test_redis_refusing_writes_is_an_outage_not_a_bug(
         await lim.aclose()
 
 
-async def test_a_genuine_script_error_is_still_logged_as_ours(
+def day(clock: Clock) -> Window:
+    return window_of("day", clock())
+
+
+async def test_a_script_error_fails_its_own_call_only(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    pipe = ScriptPipe(redis_server.url, timeout_s=1.0)
+    """A script that fails (here a key of one tenant's that is not a hash) is that call's
+    failure, a bug or a bad input: logged as an error once per kind, while Redis keeps serving
+    every other call (no back-off: other tenants keep their limits)."""
+    store = RedisLimitStore(redis_server.url, timeout_s=1.0, retry_after_s=30.0)
+    admin = aioredis.Redis.from_url(redis_server.url)
+    other = AcquireRequest((BucketTake("{b}:r", Rate(2), 1),))
     try:
-        with (
-            caplog.at_level(logging.WARNING, logger="llm_gateway.limits"),
-            pytest.raises(StoreUnavailable),
-        ):
-            await pipe.call(Script.of("return redis.call('NOSUCHCOMMAND')"), [], [])
-        assert any(r.levelno == logging.ERROR for r in caplog.records)
+        await admin.set("{a}:r", "not a hash")
+        broken = AcquireRequest((BucketTake("{a}:r", Rate(10), 1),))
+        with caplog.at_level(logging.WARNING, logger="llm_gateway.limits"):
+            for _ in range(3):
+                with pytest.raises(StoreUnavailable) as failed:
+                    await store.acquire(broken)
+                assert isinstance(failed.value, ScriptError)
+                assert not failed.value.maybe_applied
+            assert [(await store.acquire(other)).admitted for _ in range(3)] == [True, True, False]
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and "ACQUIRE" in errors[0] and "WRONGTYPE" in errors[0]
+        assert not any("unavailable" in r.getMessage() for r in caplog.records)
+        assert (store.script_errors, store.failures, store.available) == (3, 0, True)
     finally:
-        await pipe.aclose()
+        await admin.aclose()
+        await store.aclose()
+
+
+async def test_a_limiter_answers_a_failed_check_alone_and_drops_a_failed_settlement(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The request whose check failed gets the configured direction (here: admitted without
+    limits), and the others keep theirs; a settlement that fails in its script is dropped
+    (counted), not resent forever ahead of every other tenant's usage."""
+    store = RedisLimitStore(redis_server.url, timeout_s=1.0, retry_after_s=30.0)
+    clock = Clock()
+    lim = Limiter(store, fail_open=True, clock=clock)
+    admin = aioredis.Redis.from_url(redis_server.url)
+    broken = Subject("team-a", "chat", RateLimits(requests_per_minute=100))
+    other = Subject("team-b", "chat", RateLimits(requests_per_minute=2))
+    try:
+        for key in (lim.keys.scope("team-a") + ":r", lim.keys.record("team-a", day(clock))):
+            await admin.set(key, "not a hash")
+        with caplog.at_level(logging.WARNING, logger="llm_gateway.limits"):
+            admission = await lim.admit(broken, 1)
+            assert admission.degraded
+            assert (await lim.admit(other, 1)).degraded is False
+            assert (await lim.admit(other, 1)).degraded is False
+            with pytest.raises(LimitExceeded) as refused:
+                await lim.admit(other, 1)
+            assert refused.value.reason == "requests"
+            answer = UsageRecord("chat", "m", Usage(5, 0, 6), cost=17 * 10**9)
+            lim.ledger.defer(broken, answer)  # its day record is broken: fails in the script
+            lim.ledger.defer(other, answer)
+            await lim.flush()
+        assert lim.counts.unavailable == {"open": 1}
+        assert not any("unavailable" in r.getMessage() for r in caplog.records)
+        assert lim.ledger.lost_records == 3 and not lim.ledger.waiting
+        report = await store.read_usage(lim.keys.record("team-b", day(clock)))
+        assert (report["chat:n"], report[SPEND]) == (1, 17 * 10**9)
+    finally:
+        await admin.aclose()
+        await lim.aclose()
 
 
 async def test_the_usage_report_leaves_out_expired_holds(store: LimitStore, clock: Clock) -> None:

@@ -24,12 +24,12 @@ from tests.cache.conftest import RedisServer, free_port
         (["k:{été}", "k2"], ["spend$", 10**15, -(10**15), "名前", 7]),
     ],
 )
-def test_packing_matches_redis_py(keys: list[str], args: list[int | str]) -> None:
+@pytest.mark.parametrize("whole", [False, True], ids=["evalsha", "eval"])
+def test_packing_matches_redis_py(keys: list[str], args: list[int | str], whole: bool) -> None:
     script = Script.of(lua.SETTLE)
-    ours = _pack(_Call(script, keys, args, None))  # type: ignore[arg-type]
-    theirs = b"".join(
-        aioredis.Connection().pack_commands([("EVALSHA", script.sha, len(keys), *keys, *args)])
-    )
+    ours = _pack(_Call(script, keys, args, None), whole)  # type: ignore[arg-type]
+    command = ("EVAL", script.text) if whole else ("EVALSHA", script.sha)
+    theirs = b"".join(aioredis.Connection().pack_commands([(*command, len(keys), *keys, *args)]))
     assert ours == theirs
 
 
@@ -65,6 +65,46 @@ async def test_scripts_the_server_forgot_are_loaded_and_their_calls_sent_again(
             5,
         ]
         assert await pipe.call(echo, [], [9]) == 10
+    finally:
+        await admin.aclose()
+        await pipe.aclose()
+
+
+async def noscripts(admin: aioredis.Redis) -> int:
+    """The calls Redis answered NOSCRIPT since its stats were reset."""
+    stats = await admin.info("errorstats")
+    return int(stats.get("errorstat_NOSCRIPT", {}).get("count", 0))
+
+
+async def test_after_a_flush_only_the_call_that_meets_it_pays_a_round_trip(
+    redis_server: RedisServer,
+) -> None:
+    """A flushed cache (or a restarted server) has lost every script: once one call meets the
+    flush, every other script goes whole (EVAL), with no NOSCRIPT and no round trip more. A
+    settlement that waited for its own reload was overtaken by the same client's next check
+    (sent meanwhile on another connection), which found the finished request's slot taken."""
+    pipe = ScriptPipe(redis_server.url, timeout_s=2.0, connections=2)
+    check = Script.of("return redis.call('INCR', KEYS[1])")
+    settle = Script.of("return redis.call('DECR', KEYS[1])")
+    admin = aioredis.Redis.from_url(redis_server.url)
+    try:
+        assert await pipe.call(check, ["n"], []) == 1  # each first call goes whole
+        assert await pipe.call(settle, ["n"], []) == 0
+        await admin.config_resetstat()
+        await admin.script_flush()
+        assert await pipe.call(check, ["n"], []) == 1  # meets the flush: sent again whole
+        assert await noscripts(admin) == 1
+        assert await pipe.call(settle, ["n"], []) == 0
+        assert await pipe.call(check, ["n"], []) == 1
+        assert await noscripts(admin) == 1  # the settlement went whole at once
+        await admin.script_flush()
+        await admin.client_kill_filter(_type="normal", skipme=True)  # as a restart does
+        for _ in range(500):  # until the pipe has seen its connections close
+            if all(link.lost for link in pipe._idle):
+                break
+            await asyncio.sleep(0.01)
+        assert await pipe.call(settle, ["n"], []) == 0  # whole: it may be a new server
+        assert await noscripts(admin) == 1
     finally:
         await admin.aclose()
         await pipe.aclose()
@@ -114,7 +154,7 @@ async def test_a_server_that_never_answers_times_out_and_the_call_may_have_run()
             await pipe.call(Script.of("return 1"), [], [])
         assert failed.value.maybe_applied
         assert time.monotonic() - started < 1.0
-        assert received.startswith(b"*3\r\n$7\r\nEVALSHA")
+        assert received.startswith(b"*3\r\n$4\r\nEVAL\r\n")  # a script's first call: whole
     finally:
         await pipe.aclose()
         server.close()

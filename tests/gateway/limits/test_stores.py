@@ -13,6 +13,7 @@ from gateway.limits.gcra import Rate
 from gateway.limits.memory import MemoryStore
 from gateway.limits.store import (
     HELD,
+    MICRO,
     SPEND,
     AcquireRequest,
     BucketAdjust,
@@ -272,6 +273,43 @@ async def test_money_is_exact_and_carried(store: LimitStore, clock: Clock) -> No
     assert spends == [sum(adds[: i + 1]) for i in range(len(adds))]
     record = await store.read_usage("t:u", clock.ms)
     assert record[SPEND] == record["chat:cost$"] == sum(adds) and record["chat:n"] == 5
+
+
+async def test_money_is_exact_up_to_the_largest_budget_a_policy_accepts(
+    store: LimitStore, clock: Clock
+) -> None:
+    """10**12 USD is 10**18 micro-dollars, past 2**53 (where doubles round) and past 10**17
+    (which Redis wrote as ``1e+17`` when a script handed it a number, failing the next
+    ``HINCRBY`` of the record's held total)."""
+    cap = 10**12 * 10**12  # the largest budget, in pUSD
+    hold = 10**17 * MICRO  # 50e12 output tokens at 0.002 USD
+
+    def take(name: str, amount: int) -> AcquireRequest:
+        gate = BudgetGate("t:u", cap, True, Hold.of("t:u", name, amount), keep_s=600)
+        return AcquireRequest((), budget=gate, lease_id=name, lease_ttl_ms=1_000, now_ms=clock.ms)
+
+    first = await store.acquire(take("a", hold))
+    assert (first.admitted, first.budget_held) == (True, hold)
+    second = await store.acquire(take("b", hold + 1))  # held 2 * 10**17 + 1 micro-dollars
+    assert (second.admitted, second.budget_held) == (True, 2 * hold + MICRO)
+    assert (await store.read_usage("t:u", clock.ms))[HELD] == 2 * hold + MICRO
+    await store.settle(SettleRequest(now_ms=clock.ms, holds=(Hold.of("t:u", "a", hold),)))
+    assert (await store.read_usage("t:u", clock.ms))[HELD] == hold + MICRO
+    clock.advance(1.5)  # b's hold expires: the next check reclaims it
+    # Spent 3 micro-dollars under the cap (a double would round them away: "spent")...
+    spent = cap - 3 * MICRO - 1
+    add = UsageAdd("t:u", 60, ((SPEND, spent),))
+    assert await store.settle(SettleRequest(usage=(add,), now_ms=clock.ms)) == (spent,)
+    refused = await store.acquire(take("c", 3 * MICRO + 2))  # holds 4 micro-dollars
+    assert (refused.admitted, refused.blocked_by, refused.spend) == (False, "budget", spent)
+    assert refused.budget_held == 0  # b's reclaimed
+    fits = await store.acquire(take("d", 3 * MICRO))  # spend + 3 micro-dollars: 1 pUSD under
+    assert (fits.admitted, fits.budget_held) == (True, 3 * MICRO)
+    assert not (await store.acquire(take("e", MICRO))).admitted  # now it is all held
+    assert not (await store.acquire(take("f", 10**40))).admitted  # far past any cap
+    done = SettleRequest(usage=(add,), now_ms=clock.ms, holds=(Hold.of("t:u", "d", 3 * MICRO),))
+    assert await store.settle(done) == (2 * spent,)  # past the cap: still exact
+    assert await store.read_usage("t:u", clock.ms) == {SPEND: 2 * spent}
 
 
 async def test_budget_gate_refuses_only_when_asked(store: LimitStore, clock: Clock) -> None:
