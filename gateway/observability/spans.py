@@ -363,7 +363,7 @@ class AttemptSpan:
         if self.request is not None and self.chunk_ns is None:
             self.chunk_ns = _time_ns()
 
-    def end(self, outcome: str, status: int | None = None) -> None:
+    def end(self, outcome: str, status: int | None = None, end_ns: int | None = None) -> None:
         """``outcome`` (as ``llm_gateway_upstream_attempts_total`` counts it, won as ok):
         ok | won (a hedged request's answer) | lost (a losing hedge, an escalated cascade's small
         answer) | cancelled (before its headers) | incomplete (ended by the client or a limit
@@ -371,10 +371,11 @@ class AttemptSpan:
         | bad_status | rejected_key | bad_answer (also: a 200 that is no answer, read later) |
         after them: idle_timeout | answer_broken (the connection broke, or the stream ended
         before its end) | stream_error (the upstream's error event) | abandoned (left open by
-        its owner, released at the request's end: a gateway bug)."""
+        its owner, released at the request's end: a gateway bug). ``end_ns``: when it ended,
+        if before now (wall clock)."""
         if self.request is None or self.end_ns is not None:
             return
-        self.end_ns = _time_ns()
+        self.end_ns = _time_ns() if end_ns is None else end_ns
         self.outcome = outcome
         self.status = status
         if self.recording:
