@@ -188,8 +188,14 @@ async def send_answer(
     await resp.prepare(request)
     request[ANSWER_STARTED] = True
     first_at = time.perf_counter()
-    chunks = render_sse(json.loads(answer), include_usage=plan.include_usage)
-    for chunk in chunks:
+    data = json.loads(answer)
+    chunks = render_sse(data, include_usage=plan.include_usage)
+    # The watchers read it as they read a live stream: with its usage chunk (every stream is
+    # asked for one), whether or not the client gets it.
+    seen = chunks
+    if plan.watchers and not plan.include_usage:
+        seen = render_sse(data, include_usage=True)
+    for chunk in seen:
         for watch in plan.watchers:
             watch(chunk)
     out = b"".join(chunks)

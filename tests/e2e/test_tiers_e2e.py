@@ -470,3 +470,34 @@ async def test_an_escalated_small_answer_is_lost_and_ends_when_it_was_judged(
     served = _attempt_spans(exporter)["small"].attributes
     assert served is not None and served["gateway.attempt.outcome"] == "ok"
     assert_no_load_left(gw)
+
+
+async def test_a_kept_whole_cascade_stream_traces_its_usage_without_include_usage(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """A streamed request whose small answer was read whole and kept records the answer's
+    usage on its span whether or not the client asked for the usage chunk (as a live stream
+    does: the gateway asks every stream for it); the client gets it only if it asked."""
+    small = await make_fake(reply=GOOD, prompt_tokens=11, completion_tokens=7)
+    large = await make_fake()
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry.from_config(
+        TelemetryConfig(enabled=True, sample_ratio=1.0), exporter=exporter, batch=False
+    )
+    gw = await make_gateway(
+        policy(small, large, mode="cascade", threshold=1.0), telemetry=telemetry
+    )
+    for asked in (False, True):
+        options: Any = {"stream_options": {"include_usage": True}} if asked else {}
+        raw = await gw.client.chat.completions.with_raw_response.create(
+            model="auto", messages=MESSAGES, stream=True, **options
+        )
+        assert raw.headers["x-gateway-cascade"] == "kept"
+        chunks = [c async for c in raw.parse()]
+        assert (chunks[-1].usage is not None) is asked
+        assert all(c.usage is None for c in chunks[:-1])
+        span = _request_spans(exporter)[-1]
+        assert span["gen_ai.usage.input_tokens"] == 11, asked
+        assert span["gen_ai.usage.output_tokens"] == 7, asked
+        assert span["gen_ai.response.finish_reasons"] == ("stop",)
+    assert large.fake.requests == []
