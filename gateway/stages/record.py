@@ -73,6 +73,8 @@ class Recorder:
                 _span_response(span, summary, key)
         elif served.watch.summary is not None:
             summary = served.watch.summary.summary
+            if result.deadline_hit:
+                summary.stopped(result.stop_usage)
             _span_response(span, summary, key)
         if summary is not None and span.records_content:  # the policy's record_content
             span.content(input_messages(call.parsed.body), summary.output_messages())

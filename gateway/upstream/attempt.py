@@ -58,12 +58,15 @@ class Attempt:
         """perf_counter past which ``timeouts.total_s`` ends the answer."""
         return self.opened_at + self.timeouts.total_s
 
-    def finish(self, ok: bool) -> None:
+    def finish(self, ok: bool, *, stopped: bool = False) -> None:
         """The answer was relayed (or failed): release the replica's load, end the span, and
         tell the replica's health what happened: a ``failure`` counts against it, a complete
         answer (``ok``) for it. Health is settled here, at the answer's end, not when its
-        headers came: a replica that sends headers and then fails every answer is ejected."""
-        self._settle(ok, self._outcome(ok))
+        headers came: a replica that sends headers and then fails every answer is ejected.
+        ``stopped``: the surface's deadline ended a stream that was going well: it counts for
+        the replica, and the attempt is ``incomplete`` (a time limit of ours)."""
+        outcome = self._outcome(ok)
+        self._settle(ok, "incomplete" if stopped and ok else outcome)
 
     def set_aside(self, judged_ns: int) -> None:
         """A cascade's small answer read whole and escalated, and not served after all (the
