@@ -52,6 +52,8 @@ RESPONSE_ID = "gen_ai.response.id"
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 FINISH_REASONS = "gen_ai.response.finish_reasons"
+# The upstream's id of an answer its client got with another (re-told in the client's API).
+UPSTREAM_RESPONSE_ID = "gateway.upstream.response_id"
 INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
 SERVER_ADDRESS = "server.address"
@@ -256,12 +258,15 @@ class RequestSpan:
         output_tokens: int | None = None,
         finish_reasons: Sequence[str] = (),
         server_url: str | None = None,
+        client_id: str | None = None,
     ) -> None:
+        """The answer's attributes; ``client_id``: the id its client got, when not the
+        upstream's ``response_id``."""
         if not self.recording:
             return
         self.groups.append(
             ("", response_attributes(model, response_id, input_tokens, output_tokens,
-                                     finish_reasons))
+                                     finish_reasons, client_id))
         )  # fmt: skip
         if server_url is not None:
             self.groups.append((CONSTANT, server_attributes(server_url)))
@@ -469,10 +474,15 @@ def response_attributes(
     input_tokens: int | None,
     output_tokens: int | None,
     finish_reasons: Sequence[str],
+    client_id: str | None = None,
 ) -> dict[str, Any]:
+    """``gen_ai.response.id`` is the id the client got: ``client_id`` when it is not the
+    upstream's (then ``UPSTREAM_RESPONSE_ID``)."""
+    upstream_id = None if response_id is None else capped(response_id)
     return {
         RESPONSE_MODEL: None if model is None else capped(model),
-        RESPONSE_ID: None if response_id is None else capped(response_id),
+        RESPONSE_ID: upstream_id if client_id is None else client_id,
+        UPSTREAM_RESPONSE_ID: None if client_id is None else upstream_id,
         INPUT_TOKENS: input_tokens,
         OUTPUT_TOKENS: output_tokens,
         FINISH_REASONS: list(finish_reasons) or None,
