@@ -49,6 +49,12 @@ class Dialect(ClientDialect, Protocol):
     @property
     def parsed(self) -> ParsedRequest: ...
 
+    @property
+    def answer_id(self) -> str | None:
+        """The id of the answer its client gets, when the dialect gives it its own (a
+        re-told answer); None when the upstream's is passed on."""
+        ...
+
 
 class Embedder(Protocol):
     async def embed(self, texts: list[str]) -> Any: ...

@@ -95,6 +95,10 @@ class ResponsesCall:
                 chat, self.request.model, self.request.stream, False, thinking
             )
 
+    @property
+    def answer_id(self) -> str | None:
+        return None if self.passthrough is not None else self.response_id
+
     def render(self, status: int, body: bytes) -> tuple[int, bytes]:
         if status == 200 and self.passthrough is not None:
             self.relayed_id, self.owned = answer_ids(body)
@@ -153,6 +157,7 @@ class ResponsesCall:
 class MessagesCall:
     request: MessagesRequest
     passthrough: ParsedRequest | None = None  # the client's request, for a kind: anthropic backend
+    message_id: str = field(default_factory=messages_out.new_message_id)  # of a re-told answer
     parsed: ParsedRequest = field(init=False)  # what the stages run: translated once, here
 
     def __post_init__(self) -> None:
@@ -161,15 +166,21 @@ class MessagesCall:
             request.chat, request.model, request.stream, request.prefill
         )
 
+    @property
+    def answer_id(self) -> str | None:
+        return None if self.passthrough is not None else self.message_id
+
     def render(self, status: int, body: bytes) -> tuple[int, bytes]:
         if self.passthrough is not None:
             return status, body  # Anthropic's own answer or error
         if status != 200:
             return messages_out.from_openai_error(status, body)
-        request = self.request
+        request, message_id = self.request, self.message_id
         message = _retold(
             body,
-            lambda a: messages_out.from_chat_completion(a, request.model, request.stop_sequences),
+            lambda a: messages_out.from_chat_completion(
+                a, request.model, request.stop_sequences, message_id
+            ),
         )
         if message is None:
             return 502, json.dumps(messages_out.error_body(502, _UNREADABLE_ANSWER)).encode()
@@ -178,7 +189,7 @@ class MessagesCall:
     def stream(self) -> ClientStream:
         if self.passthrough is not None:
             return RelayedStream(MESSAGES_END, messages_error)
-        return MessagesStream(self.request.model, self.request.stop_sequences)
+        return MessagesStream(self.request.model, self.request.stop_sequences, self.message_id)
 
     async def ended(self) -> None:
         return None

@@ -207,7 +207,9 @@ class Orchestrator:
         quota.cache_hit = True  # no upstream tokens, no cost
         quota.downgraded = None  # the stored answer is served, not the downgrade model's
         plan = self.relay_plan(call, cache_headers(lookup.hit), Watch(), None, quota)
-        return await send_answer(call.request, replayed(lookup.hit), plan)
+        answer = replayed(lookup.hit)
+        self.recorder.cached(call, answer)
+        return await send_answer(call.request, answer, plan)
 
     def audit_cache(self, call: Call, lookup: Lookup, targets: list[Destination]) -> None:
         """In the background: the question upstream too, to measure the gate's false hits."""

@@ -52,6 +52,8 @@ RESPONSE_ID = "gen_ai.response.id"
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 FINISH_REASONS = "gen_ai.response.finish_reasons"
+# The upstream's id of an answer its client got with another (re-told in the client's API).
+UPSTREAM_RESPONSE_ID = "gateway.upstream.response_id"
 INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
 SERVER_ADDRESS = "server.address"
@@ -256,12 +258,15 @@ class RequestSpan:
         output_tokens: int | None = None,
         finish_reasons: Sequence[str] = (),
         server_url: str | None = None,
+        client_id: str | None = None,
     ) -> None:
+        """The answer's attributes; ``client_id``: the id its client got, when not the
+        upstream's ``response_id``."""
         if not self.recording:
             return
         self.groups.append(
             ("", response_attributes(model, response_id, input_tokens, output_tokens,
-                                     finish_reasons))
+                                     finish_reasons, client_id))
         )  # fmt: skip
         if server_url is not None:
             self.groups.append((CONSTANT, server_attributes(server_url)))
@@ -363,7 +368,7 @@ class AttemptSpan:
         if self.request is not None and self.chunk_ns is None:
             self.chunk_ns = _time_ns()
 
-    def end(self, outcome: str, status: int | None = None) -> None:
+    def end(self, outcome: str, status: int | None = None, end_ns: int | None = None) -> None:
         """``outcome`` (as ``llm_gateway_upstream_attempts_total`` counts it, won as ok):
         ok | won (a hedged request's answer) | lost (a losing hedge, an escalated cascade's small
         answer) | cancelled (before its headers) | incomplete (ended by the client or a limit
@@ -371,10 +376,11 @@ class AttemptSpan:
         | bad_status | rejected_key | bad_answer (also: a 200 that is no answer, read later) |
         after them: idle_timeout | answer_broken (the connection broke, or the stream ended
         before its end) | stream_error (the upstream's error event) | abandoned (left open by
-        its owner, released at the request's end: a gateway bug)."""
+        its owner, released at the request's end: a gateway bug). ``end_ns``: when it ended,
+        if before now (wall clock)."""
         if self.request is None or self.end_ns is not None:
             return
-        self.end_ns = _time_ns()
+        self.end_ns = _time_ns() if end_ns is None else end_ns
         self.outcome = outcome
         self.status = status
         if self.recording:
@@ -468,10 +474,15 @@ def response_attributes(
     input_tokens: int | None,
     output_tokens: int | None,
     finish_reasons: Sequence[str],
+    client_id: str | None = None,
 ) -> dict[str, Any]:
+    """``gen_ai.response.id`` is the id the client got: ``client_id`` when it is not the
+    upstream's (then ``UPSTREAM_RESPONSE_ID``)."""
+    upstream_id = None if response_id is None else capped(response_id)
     return {
         RESPONSE_MODEL: None if model is None else capped(model),
-        RESPONSE_ID: None if response_id is None else capped(response_id),
+        RESPONSE_ID: upstream_id if client_id is None else client_id,
+        UPSTREAM_RESPONSE_ID: None if client_id is None else upstream_id,
         INPUT_TOKENS: input_tokens,
         OUTPUT_TOKENS: output_tokens,
         FINISH_REASONS: list(finish_reasons) or None,

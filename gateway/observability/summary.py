@@ -59,6 +59,13 @@ class ResponseSummary:
             if collect_text:
                 self._text(choice)
 
+    def stopped(self, usage: dict[str, Any] | None) -> None:
+        """The stream was ended by the surface's deadline, as its client was told: finish
+        reason ``length``, and ``usage``, the estimate charged, unless the upstream told its own."""
+        self.finish_reasons.append("length")
+        if self.usage is None and usage is not None:
+            self.absorb({"usage": usage}, False)
+
     def output_messages(self) -> str:
         """The answer's text as ``gen_ai.output.messages`` (JSON; collected with
         ``collect_text``): one assistant message, the choices' text joined."""

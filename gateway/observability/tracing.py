@@ -132,20 +132,27 @@ def _signal_url(base: str, protocol: Protocol_) -> str:
     return base + "/v1/traces"
 
 
-def body_attributes(body: bytes) -> tuple[str, bytes]:
+def body_attributes(body: bytes, client_id: str | None = None) -> tuple[str, Any]:
     """A non-streamed answer's GenAI response attributes, made when the span is exported
-    (``RequestSpan.response_later``)."""
-    return _ANSWER, body
+    (``RequestSpan.response_later``); ``client_id``: the id its client got, when not the
+    upstream's (an answer re-told in another API)."""
+    return (_ANSWER, body) if client_id is None else (_RETOLD, (body, client_id))
 
 
-def _answer_attributes(body: bytes) -> dict[str, Any]:
+def _answer_attributes(body: bytes, client_id: str | None = None) -> dict[str, Any]:
     summary = summarize_body(body)
     return response_attributes(summary.model, summary.response_id, summary.input_tokens,
-                               summary.output_tokens, summary.finish_reasons)  # fmt: skip
+                               summary.output_tokens, summary.finish_reasons,
+                               client_id)  # fmt: skip
 
 
-_ANSWER = "answer"
+def _retold_attributes(answer: tuple[bytes, str]) -> dict[str, Any]:
+    return _answer_attributes(*answer)
+
+
+_ANSWER, _RETOLD = "answer", "retold answer"
 lazy(_ANSWER, _answer_attributes)
+lazy(_RETOLD, _retold_attributes)
 
 
 class Telemetry(Tracer):

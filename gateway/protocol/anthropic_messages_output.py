@@ -132,7 +132,10 @@ def content_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def from_chat_completion(
-    answer: Mapping[str, Any], model: str, stop_sequences: tuple[str, ...] = ()
+    answer: Mapping[str, Any],
+    model: str,
+    stop_sequences: tuple[str, ...] = (),
+    message_id: str | None = None,
 ) -> dict[str, Any]:
     choices = answer.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else {}
@@ -143,7 +146,7 @@ def from_chat_completion(
     )
     counts = answer.get("usage")
     return {
-        "id": new_message_id(),
+        "id": message_id or new_message_id(),
         "type": "message",
         "role": "assistant",
         "model": answer.get("model") if isinstance(answer.get("model"), str) else model,

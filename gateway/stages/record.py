@@ -1,5 +1,7 @@
 """After an answer: what it tells the metrics, the latency tracker, the surface's SLO and the
-request's span; and the outcome of a request however it ends (``Recorder.outcome``).
+request's span (a cache hit's too: ``Recorder.cached``); and the outcome of a request however
+it ends (``Recorder.outcome``). The span names the answer its client got: a stream the
+deadline stopped ends ``length`` with the usage charged, a re-told answer has the dialect's id.
 
 A stream is read as it goes by the ``Watch`` the relay feeds (the span's summary, the cache's
 capture); a whole answer traced is summarised when its span is encoded (after the answer went
@@ -39,6 +41,13 @@ class Recorder:
         self.metrics = metrics
         self.slo = slo
 
+    def cached(self, call: Call, answer: bytes) -> None:
+        """A cache hit's span: the answer as replayed (the stored model and finish, the id its
+        client got, no tokens), and the cache as the replica that served it."""
+        call.span.response_later(body_attributes(answer, _client_id(call)))
+        if call.span.keeps_decisions:
+            call.span.decision({"replica": "cache"})
+
     def outcome(self, call: Call) -> Outcome:
         """Ends the request's span with its status; a failure counts against the surface's SLO."""
         return Outcome(call, self.slo)
@@ -64,16 +73,19 @@ class Recorder:
         if itl_ms is not None:
             call.rt.latency.observe_itl(key, itl_ms)
         summary: ResponseSummary | None = None
+        told = _client_id(call)
         if result.body is not None and span.recording:
             content = span.records_content  # the text is read now, with the rest
             if len(result.body) <= LAZY_BODY_MAX and not content:  # parsed when encoded
-                span.response_later(body_attributes(result.body), key)
+                span.response_later(body_attributes(result.body, told), key)
             else:  # the export queue must not hold large answers
                 summary = summarize_body(result.body, content)
-                _span_response(span, summary, key)
+                _span_response(span, summary, key, told)
         elif served.watch.summary is not None:
             summary = served.watch.summary.summary
-            _span_response(span, summary, key)
+            if result.deadline_hit:
+                summary.stopped(result.stop_usage)
+            _span_response(span, summary, key, told)
         if summary is not None and span.records_content:  # the policy's record_content
             span.content(input_messages(call.parsed.body), summary.output_messages())
         if result.deadline_hit:
@@ -180,7 +192,9 @@ class Served:
     degraded: bool = False
 
 
-def _span_response(span: RequestSpan, summary: ResponseSummary, server_url: str) -> None:
+def _span_response(
+    span: RequestSpan, summary: ResponseSummary, server_url: str, client_id: str | None
+) -> None:
     span.response(
         model=summary.model,
         response_id=summary.response_id,
@@ -188,7 +202,13 @@ def _span_response(span: RequestSpan, summary: ResponseSummary, server_url: str)
         output_tokens=summary.output_tokens,
         finish_reasons=summary.finish_reasons,
         server_url=server_url,
+        client_id=client_id,
     )
+
+
+def _client_id(call: Call) -> str | None:
+    """The id of the answer its client got, when not the upstream's (``Dialect.answer_id``)."""
+    return call.dialect.answer_id if call.dialect is not None else None
 
 
 def input_messages(body: Mapping[str, Any]) -> str | None:

@@ -34,7 +34,7 @@ import asyncio
 import json
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -87,6 +87,8 @@ class Judged:
     whole: bool  # the small answer was asked for whole (else: a stream held to N chunks)
     body: bytes | None = None  # the small answer, when read whole
     paid: Usage | None = None  # its usage, when read whole and reported
+    # Wall clock (ns) of the verdict: where an escalated small answer's span ends (``lost``).
+    judged_at: int = field(default_factory=time.time_ns)
 
     def discarded(self) -> tuple[Usage, Price | None] | None:
         """What an escalation throws away after paying for it: the small answer read whole."""
@@ -177,7 +179,8 @@ class TierStage:
             return Cascaded(small, body, {"x-gateway-cascade": "kept", "x-gateway-tier": "small"})
         # Escalate: the small answer is dropped (kept aside only as a fallback). A held stream
         # is closed now; an answer read whole has freed its connection, and frees its replica's
-        # load once it is not the fallback (else the replica counts it outstanding forever).
+        # load once it is not the fallback (else the replica counts it outstanding forever):
+        # then it is ``lost``, its span ended at the verdict (``Attempt.set_aside``).
         if small is not None and not judged.whole:
             await small.discard()
         config, parsed = choice.config, call.parsed
@@ -191,7 +194,7 @@ class TierStage:
                 raise
         finally:  # the large tier answered, failed, or the client left meanwhile
             if small is not None and not fallback:
-                small.finish(True)
+                small.set_aside(judged.judged_at)
         if fallback:
             assert small is not None  # a body was read from it
             headers = {

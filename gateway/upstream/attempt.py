@@ -58,11 +58,24 @@ class Attempt:
         """perf_counter past which ``timeouts.total_s`` ends the answer."""
         return self.opened_at + self.timeouts.total_s
 
-    def finish(self, ok: bool) -> None:
+    def finish(self, ok: bool, *, stopped: bool = False) -> None:
         """The answer was relayed (or failed): release the replica's load, end the span, and
         tell the replica's health what happened: a ``failure`` counts against it, a complete
         answer (``ok``) for it. Health is settled here, at the answer's end, not when its
-        headers came: a replica that sends headers and then fails every answer is ejected."""
+        headers came: a replica that sends headers and then fails every answer is ejected.
+        ``stopped``: the surface's deadline ended a stream that was going well: it counts for
+        the replica, and the attempt is ``incomplete`` (a time limit of ours)."""
+        outcome = self._outcome(ok)
+        self._settle(ok, "incomplete" if stopped and ok else outcome)
+
+    def set_aside(self, judged_ns: int) -> None:
+        """A cascade's small answer read whole and escalated, and not served after all (the
+        large tier answered, or failed with no fallback): the replica answered it (its health
+        counts it), the gateway dropped it (``lost``), and its span ends at ``judged_ns`` (wall
+        clock), when the verdict was given, not when the large tier was done."""
+        self._settle(True, "lost", judged_ns)
+
+    def _settle(self, ok: bool, outcome: str, end_ns: int | None = None) -> None:
         if not self.finished:
             self.finished = True
             self.guard.release()
@@ -71,7 +84,7 @@ class Attempt:
                 replica.record_failure(self.failure, self.target.upstream_model)
             elif ok:
                 replica.record_success(self.target.upstream_model)
-            self._end(self._outcome(ok))
+            self._end(outcome, end_ns)
 
     def abandon(self) -> str | None:
         """The request ended with this attempt still open (``gateway.call.Leases``): close and
@@ -107,10 +120,10 @@ class Attempt:
             return "won" if self.hedged else "ok"
         return "incomplete"
 
-    def _end(self, outcome: str) -> None:
+    def _end(self, outcome: str, end_ns: int | None = None) -> None:
         """Counted when the attempt ends (not when its headers came: a stream that breaks
         after them is the replica's failure, as its health counts it)."""
-        self.span.end(outcome, self.response.status)
+        self.span.end(outcome, self.response.status, end_ns)
         if self.metrics is not None:
             backend, replica = self.target.pool.name, self.decision.replica.name
             self.metrics.attempt(backend, replica, "ok" if outcome == "won" else outcome)

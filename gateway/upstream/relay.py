@@ -126,6 +126,7 @@ class RelayResult:
     last_at: float | None = None
     reads: int = 0
     deadline_hit: bool = False
+    stop_usage: dict[str, Any] | None = None  # what the deadline's stop was charged (chat's usage)
     live: bool = True  # False: a finished answer rendered by the gateway (held, cached)
 
     def mean_gap_ms(self) -> float | None:
@@ -149,7 +150,7 @@ def response_headers(upstream: UpstreamResponse, extra: dict[str, str]) -> dict[
 
 async def relay(request: web.Request, attempt: Attempt, plan: RelayPlan) -> Relayed:
     """Relay a live attempt's answer; the attempt is finished when this returns or raises."""
-    ok = False
+    ok = stopped = False
     try:
         if plan.stream and attempt.response.status == 200:
             if _whole_answer(attempt.response.headers):  # finishes the attempt once read
@@ -157,10 +158,10 @@ async def relay(request: web.Request, attempt: Attempt, plan: RelayPlan) -> Rela
             response, result = await _relay_stream(request, attempt, plan)
         else:
             response, result = await _relay_body(attempt, plan)
-        ok = result.status < 400
+        ok, stopped = result.status < 400, result.deadline_hit
         return Relayed(response, result, attempt)
     finally:
-        attempt.finish(ok)
+        attempt.finish(ok, stopped=stopped)
 
 
 async def send_answer(
@@ -188,8 +189,14 @@ async def send_answer(
     await resp.prepare(request)
     request[ANSWER_STARTED] = True
     first_at = time.perf_counter()
-    chunks = render_sse(json.loads(answer), include_usage=plan.include_usage)
-    for chunk in chunks:
+    data = json.loads(answer)
+    chunks = render_sse(data, include_usage=plan.include_usage)
+    # The watchers read it as they read a live stream: with its usage chunk (every stream is
+    # asked for one), whether or not the client gets it.
+    seen = chunks
+    if plan.watchers and not plan.include_usage:
+        seen = render_sse(data, include_usage=True)
+    for chunk in seen:
         for watch in plan.watchers:
             watch(chunk)
     out = b"".join(chunks)
@@ -426,9 +433,10 @@ async def _relay_stream(
                 raise  # the upstream went silent (idle_s), not a deadline
             if ours:
                 result.deadline_hit = True
+                if plan.estimate is not None:  # the span says it, told to the client or not
+                    result.stop_usage = plan.estimate()
                 told = plan.client is not None or plan.include_usage
-                estimate = plan.estimate() if told and plan.estimate is not None else None
-                await out.stop(plan.chat, estimate)
+                await out.stop(plan.chat, result.stop_usage if told else None)
                 return resp, result
             result.status = 504
             message = "the answer ran past the backend's timeouts.total_s"

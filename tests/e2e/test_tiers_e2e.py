@@ -10,6 +10,7 @@ import aiohttp
 import openai
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from gateway.observability.tracing import Telemetry
 from policies.server import TelemetryConfig
@@ -422,3 +423,81 @@ async def test_a_streamed_whole_cascade_past_total_ms_before_any_byte_is_a_504(
 def _request_spans(exporter: InMemorySpanExporter) -> list[dict[str, Any]]:
     spans = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
     return [dict(s.attributes or {}) for s in spans]
+
+
+def _attempt_spans(exporter: InMemorySpanExporter) -> dict[str, Any]:
+    """The upstream attempts' CLIENT spans, by backend (one per backend here)."""
+    return {
+        str((s.attributes or {})["gateway.backend"]): s
+        for s in exporter.get_finished_spans()
+        if s.kind is SpanKind.CLIENT
+    }
+
+
+async def test_an_escalated_small_answer_is_lost_and_ends_when_it_was_judged(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """The small answer read whole and escalated is ``lost`` (README), not ``ok``: its span and
+    the attempts metric say so, and its span ends at the verdict, before the large tier was
+    asked (it once ran on until the large tier's headers came). A small answer served after
+    all (the large tier failed: the fallback) is the answer: ``ok``."""
+    small = await make_fake(reply="I am not sure.")
+    large = await make_fake(reply="#### 12", latency_ms=200)
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry.from_config(
+        TelemetryConfig(enabled=True, sample_ratio=1.0), exporter=exporter, batch=False
+    )
+    gw = await make_gateway(
+        policy(small, large, mode="cascade", threshold=-1.0), telemetry=telemetry
+    )
+    r = await gw.client.chat.completions.create(model="auto", messages=MESSAGES)
+    assert r.choices[0].message.content == "#### 12"
+    spans = _attempt_spans(exporter)
+    lost, answered = spans["small"], spans["large"]
+    assert lost.attributes is not None and answered.attributes is not None
+    assert lost.attributes["gateway.attempt.outcome"] == "lost"
+    assert answered.attributes["gateway.attempt.outcome"] == "ok"
+    assert lost.end_time is not None and answered.start_time is not None
+    assert lost.end_time <= answered.start_time
+    small_attempts = 'llm_gateway_upstream_attempts_total{backend="small"'
+    assert await _metric(gw, small_attempts, 'outcome="lost"') == 1
+    assert await _metric(gw, small_attempts, 'outcome="ok"') == 0
+    assert_no_load_left(gw)
+    exporter.clear()
+    large.fake.queue("status:503")
+    raw = await gw.client.chat.completions.with_raw_response.create(model="auto", messages=MESSAGES)
+    assert raw.headers["x-gateway-tier-fallback"] == "small"
+    served = _attempt_spans(exporter)["small"].attributes
+    assert served is not None and served["gateway.attempt.outcome"] == "ok"
+    assert_no_load_left(gw)
+
+
+async def test_a_kept_whole_cascade_stream_traces_its_usage_without_include_usage(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """A streamed request whose small answer was read whole and kept records the answer's
+    usage on its span whether or not the client asked for the usage chunk (as a live stream
+    does: the gateway asks every stream for it); the client gets it only if it asked."""
+    small = await make_fake(reply=GOOD, prompt_tokens=11, completion_tokens=7)
+    large = await make_fake()
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry.from_config(
+        TelemetryConfig(enabled=True, sample_ratio=1.0), exporter=exporter, batch=False
+    )
+    gw = await make_gateway(
+        policy(small, large, mode="cascade", threshold=1.0), telemetry=telemetry
+    )
+    for asked in (False, True):
+        options: Any = {"stream_options": {"include_usage": True}} if asked else {}
+        raw = await gw.client.chat.completions.with_raw_response.create(
+            model="auto", messages=MESSAGES, stream=True, **options
+        )
+        assert raw.headers["x-gateway-cascade"] == "kept"
+        chunks = [c async for c in raw.parse()]
+        assert (chunks[-1].usage is not None) is asked
+        assert all(c.usage is None for c in chunks[:-1])
+        span = _request_spans(exporter)[-1]
+        assert span["gen_ai.usage.input_tokens"] == 11, asked
+        assert span["gen_ai.usage.output_tokens"] == 7, asked
+        assert span["gen_ai.response.finish_reasons"] == ("stop",)
+    assert large.fake.requests == []
