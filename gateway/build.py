@@ -8,7 +8,8 @@ the event loop (pools, the cache store, the embedding model, the exporter), reus
 running runtime whatever did not change (pools keep their health and in-flight counts, the
 embedder and the cache store their state) and handing a changed backend's new pools the
 per-replica state of its pools still draining (``ReplicaStates``), so a reload swaps one
-reference; ``retire`` closes what the new runtime no longer uses.
+reference; ``retire`` closes what the new runtime no longer uses (once what is in flight on it
+has ended).
 """
 
 from __future__ import annotations
@@ -393,7 +394,8 @@ async def retire(old: Runtime, new: Runtime | None, *, drain: bool) -> None:
     """Close what ``old`` holds that ``new`` does not (everything when ``new`` is None).
 
     With ``drain``, pools dropped by a reload close their session once their answers in
-    flight have ended (at most the backend's ``total_s``).
+    flight have ended (at most the backend's ``total_s``), and replaced telemetry stops once the
+    spans of the requests begun under it have ended (``Telemetry.drained``).
     """
     keep_pools = set(new.pools.values()) if new is not None else set()
     await asyncio.gather(
@@ -415,4 +417,15 @@ async def retire(old: Runtime, new: Runtime | None, *, drain: bool) -> None:
     if kept is None or kept.limiter is not old.limiter:
         await old.limiter.aclose()
     if old.resources.owns_telemetry and (kept is None or kept.telemetry is not old.telemetry):
+        if drain:  # the requests begun under it end their spans there (then it stops)
+            await old.telemetry.drained(_longest_answer_s(old.policy) + TELEMETRY_DRAIN_MARGIN_S)
         await asyncio.to_thread(old.telemetry.shutdown)
+
+
+# A request's span ends after its answer (at most the backend's ``total_s``), once its usage
+# and cache fill are settled: the old telemetry waits that much longer for it.
+TELEMETRY_DRAIN_MARGIN_S = 10.0
+
+
+def _longest_answer_s(policy: Policy) -> float:
+    return max((b.timeouts.total_s for b in policy.backends.values()), default=0.0)

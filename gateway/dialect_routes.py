@@ -15,6 +15,7 @@ cannot tell, is refused (400). Messages errors leave in Anthropic's format and s
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -101,6 +102,7 @@ def _passthrough(
 
 
 async def _create_response(request: web.Request) -> web.StreamResponse:
+    started = time.perf_counter()  # the request's arrival: its span and TTFT start here
     rt = request.app[LIVE].current
     tenant = rt.authenticate(request.headers)
     raw = await read_body(request, rt.policy.server)
@@ -120,14 +122,14 @@ async def _create_response(request: web.Request) -> web.StreamResponse:
         stored = body.get("store") is not False
         request_ = relayed_request(body["model"], passthrough.stream, stored)
         call = ResponsesCall(request_, tenant, rt.responses, passthrough=passthrough)
-        return await request.app[ORCHESTRATOR].handle_dialect(request, rt, tenant, call)
+        return await request.app[ORCHESTRATOR].handle_dialect(request, rt, tenant, call, started)
     parsed = read_responses_request(body)
     history: list[dict[str, Any]] = []
     if parsed.previous_response_id is not None:
         previous = await _stored(rt, tenant, parsed.previous_response_id, "previous_response_id")
         history = previous.messages
     call = ResponsesCall(parsed, tenant, rt.responses, history)
-    return await request.app[ORCHESTRATOR].handle_dialect(request, rt, tenant, call)
+    return await request.app[ORCHESTRATOR].handle_dialect(request, rt, tenant, call, started)
 
 
 def _no_upstream_state(body: dict[str, Any]) -> None:
@@ -309,6 +311,7 @@ def anthropic_errors(handler: Handler, versioned: bool = False) -> Handler:
 
 
 async def _messages(request: web.Request) -> web.StreamResponse:
+    started = time.perf_counter()  # the request's arrival: its span and TTFT start here
     rt = request.app[LIVE].current
     tenant = rt.authenticate(request.headers)
     raw = await read_body(request, rt.policy.server)
@@ -319,7 +322,7 @@ async def _messages(request: web.Request) -> web.StreamResponse:
         call = MessagesCall(untranslated, passthrough)
     else:
         call = MessagesCall(read_messages_request(body))
-    return await request.app[ORCHESTRATOR].handle_dialect(request, rt, tenant, call)
+    return await request.app[ORCHESTRATOR].handle_dialect(request, rt, tenant, call, started)
 
 
 async def _count_tokens(request: web.Request) -> web.Response:

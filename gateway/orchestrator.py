@@ -82,11 +82,13 @@ class Orchestrator:
         return await self.run(await self.accept(request, rt, endpoint))  # who, what, which surface
 
     async def handle_dialect(
-        self, request: web.Request, rt: Runtime, tenant: str, dialect: Dialect
+        self, request: web.Request, rt: Runtime, tenant: str, dialect: Dialect, started: float
     ) -> web.StreamResponse:
-        """A request in another client API, already read and translated by its handler."""
+        """A request in another client API, already read and translated by its handler
+        (``started``: ``time.perf_counter()`` before it read the body)."""
         request[LABELS_KEY] = (UNKNOWN_MODEL, "", "")
-        return await self.run(self.call_for(request, rt, tenant, dialect.parsed, dialect))
+        call = self.call_for(request, rt, tenant, dialect.parsed, dialect, started)
+        return await self.run(call)
 
     async def run(self, call: Call) -> web.StreamResponse:
         # One coroutine frame, not a wrapper around another: every resumption of the request
@@ -154,11 +156,15 @@ class Orchestrator:
             parsed = with_usage(parsed)
             strip_usage = dialect is None
         plan = rt.surface_for(tenant, request.headers.get(rt.surface_header))
+        request_id = request.get(REQUEST_ID, "")
+        # The span and TTFT both start at the request's arrival (``gateway.observability.spans``).
         span = rt.telemetry.start_request(
             operation=_OPERATION[parsed.endpoint],
             request_model=parsed.model,
             headers=request.headers,
             body=parsed.body,
+            started=started,
+            request_id=request_id,
         )
         if span.keeps_decisions:  # unsampled and untraced: no mapping to build
             span.decision(
@@ -187,7 +193,7 @@ class Orchestrator:
             session_key=session if isinstance(session, str) else None,
             dialect=dialect,
             strip_usage=strip_usage,
-            leases=Leases(request.get(REQUEST_ID, "")),
+            leases=Leases(request_id),
         )
 
     # --- 2. cache --------------------------------------------------------------------------

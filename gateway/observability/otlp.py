@@ -22,12 +22,16 @@ kept encoded whole and costs one lookup; the rest (ids, token counts, timings) a
 straight from their values (``Encoder``).
 
 Batches: the thread wakes every ``schedule_s`` (or as soon as ``batch_size`` spans are ready)
-and sends up to ``batch_size`` spans per request (``Exporter`` delivers any batch function: OTLP
+and sends up to ``batch_size`` spans (and ``BATCH_BYTES`` of them) per request (``Exporter`` delivers any batch function: OTLP
 here, or a caller's OpenTelemetry SDK exporter in ``gateway.observability.tracing``, which gets
 the records themselves). At most ``max_queue`` spans wait, encoded or not; beyond that spans are
 dropped and counted (``dropped``; a warning is logged when the queue fills). A failed send is
-retried once after ``retry_s``; then the batch is dropped and counted. The counts are exported
-as ``llm_gateway_trace_spans_dropped_total`` (``tracing.SpanDropCollector``).
+retried once after ``retry_s``; then the batch is dropped and counted. A batch sent whole that
+the collector did not answer for within the sender's timeout (10 s) may have been received: it
+is not sent again (a collector does not remove duplicates) and is counted apart
+(``unconfirmed``), not as dropped. The counts are exported as
+``llm_gateway_trace_spans_dropped_total`` and ``llm_gateway_trace_spans_unconfirmed_total``
+(``tracing.SpanDropCollector``).
 """
 
 from __future__ import annotations
@@ -89,6 +93,9 @@ _CACHE_MAX = 8192
 _KEEP_MAX = 512
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# A batch holds at most this many bytes of encoded spans (and at least one span): well under a
+# collector's usual limit on a request (the OpenTelemetry Collector's: 20 MiB).
+BATCH_BYTES = 4 * 1024 * 1024
 _CHUNK = 32  # records encoded by one loop callback...
 _CHUNK_S = 0.001  # ...unless it has taken this long (an answer of 64 KiB takes ~0.3 ms to read)
 _KIND_TIMES = struct.Struct("<BBBQBQ")  # kind (a one-byte varint), start and end times
@@ -394,6 +401,11 @@ class Sender(Protocol):
     def close(self) -> None: ...
 
 
+class Unconfirmed(OSError):
+    """A batch was sent whole but the collector did not answer in time: it may have been
+    received. It is not sent again (that would duplicate its spans), nor counted as dropped."""
+
+
 class HttpSender:
     """OTLP/HTTP: ``POST {endpoint}`` with a kept-alive connection (http.client, this thread)."""
 
@@ -413,8 +425,15 @@ class HttpSender:
             self._conn = cls(self._host, self._port, timeout=self._timeout)
         try:
             self._conn.request("POST", self._path, body, self._headers)
+        except (OSError, http.client.HTTPException):
+            self.close()
+            raise
+        try:
             resp = self._conn.getresponse()
             resp.read()
+        except TimeoutError as exc:  # sent whole, no answer in time
+            self.close()
+            raise Unconfirmed(f"no answer from the OTLP receiver in {self._timeout} s") from exc
         except (OSError, http.client.HTTPException):
             self.close()
             raise
@@ -445,9 +464,16 @@ class GrpcSender:
         self._call = self._channel.unary_unary(self.METHOD)
         self._metadata = tuple((k.lower(), v) for k, v in headers.items())
         self._timeout = timeout_s
+        self._rpc_error: Any = grpc.RpcError  # untyped: its code() is not known to mypy
+        self._deadline_exceeded = grpc.StatusCode.DEADLINE_EXCEEDED
 
     def send(self, body: bytes) -> None:
-        self._call(body, timeout=self._timeout, metadata=self._metadata)
+        try:
+            self._call(body, timeout=self._timeout, metadata=self._metadata)
+        except self._rpc_error as exc:
+            if exc.code() == self._deadline_exceeded:
+                raise Unconfirmed(f"no answer from the OTLP receiver in {self._timeout} s") from exc
+            raise
 
     def close(self) -> None:
         self._channel.close()
@@ -481,6 +507,7 @@ class Exporter:
         chunk: int = _CHUNK,
         schedule_s: float = 1.0,
         batch_size: int = 512,
+        batch_bytes: int = BATCH_BYTES,
         max_queue: int = 8192,
         retry_s: float = 1.0,
         close: Callable[[], None] | None = None,
@@ -494,6 +521,7 @@ class Exporter:
         self._scheduled = False  # a loop callback will prepare the waiting records
         self._schedule_s = schedule_s
         self._batch_size = batch_size
+        self._batch_bytes = batch_bytes
         self._max_queue = max_queue
         self._retry_s = retry_s
         self._failures = LogEvery(log)  # one line per 10 s while the collector is down
@@ -502,6 +530,7 @@ class Exporter:
         self._in_flight = 0
         self._stopping = False
         self.dropped = 0  # full queue, failed encoding, failed send (read by /metrics)
+        self.unconfirmed = 0  # sent, but the collector did not answer in time
         self.exported = 0
         self._full = False
         self._thread = threading.Thread(target=self._run, name="otlp-export", daemon=True)
@@ -601,8 +630,11 @@ class Exporter:
                 self._in_flight += 1
             try:
                 batch: list[Any] = []
-                while queue and len(batch) < self._batch_size:
-                    batch.append(queue.popleft())
+                size = 0  # bytes of encoded spans (a caller's deliver takes records: 0)
+                while queue and len(batch) < self._batch_size and size < self._batch_bytes:
+                    item = queue.popleft()
+                    batch.append(item)
+                    size += len(item) if isinstance(item, bytes) else 0
                 self._send(batch)
             finally:
                 with self._idle:
@@ -613,6 +645,12 @@ class Exporter:
         for attempt in range(2):
             try:
                 self._deliver(batch)
+            except Unconfirmed as exc:  # maybe received: neither sent again nor dropped
+                self.unconfirmed += len(batch)
+                self._failures.warning(
+                    "export", "trace export unconfirmed, %d spans not sent again: %s",
+                    len(batch), exc,
+                )  # fmt: skip
             except Exception as exc:  # any transport error: retry once, then drop the batch
                 if attempt == 0 and not self._stopping:
                     time.sleep(self._retry_s)

@@ -17,6 +17,17 @@ upstream attempts, and is recorded at its end only if it failed (status >= 500, 
 own 499 excepted) or breached its budget, at most ``failure_traces_per_s`` a second (a token
 bucket), as a new trace with ``gateway.trace.kept: failure`` and one CLIENT child per attempt
 (stage spans are not kept); without it, the shared no-op span.
+
+Times. The request's span starts when the request arrived (``Call.started``, before its body
+was read: what OpenTelemetry asks of a server span), and ``gateway.ttft_ms`` (the client's
+time to first token, upload included) is measured from the same instant, so the
+``first_token`` event sits at ``start + ttft`` inside the span. Attempts are numbered in the
+order they were opened (``gateway.attempt.index``: retries, hedges and a cascade's tiers). The
+span carries the gateway's request id (``gateway.request.id``, the ``x-request-id`` answered).
+
+Open spans. The tracer counts the request spans begun and not yet ended (``Tracer.open``, two
+integer steps a traced request): a reload that replaces the telemetry keeps the old export
+running until they have ended (``Telemetry.drained``).
 """
 
 from __future__ import annotations
@@ -58,6 +69,7 @@ INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
+REQUEST_ID = "gateway.request.id"
 _REQUEST_PARAMS = {
     "max_tokens": "gen_ai.request.max_tokens",
     "max_completion_tokens": "gen_ai.request.max_tokens",
@@ -71,6 +83,11 @@ _GATEWAY = "gateway."
 # few hundred bytes, and a 4 MB model name must not become a 4 MB span (which the encoder would
 # keep in its caches and a collector would refuse with the whole batch).
 MAX_TEXT = 256
+# Recorded prompt and completion text (``record_content``) is cut to this many characters per
+# attribute, ending with a marker that says how much was left out (the value is then no longer
+# valid JSON): a 1 MB prompt must not be queued whole while the collector is slow, nor make a
+# batch that the collector refuses (its default limit: 20 MiB a request).
+MAX_CONTENT_CHARS = 8192
 # An attempt's outcomes that are the replica's (or the gateway's) failure: the span's status is
 # ERROR and error.type the outcome. A 4xx is the caller's or the account's: not the attempt's.
 _FAILED_OUTCOMES = frozenset(("http_5xx", "connect_error", "timeout", "bad_status", "rejected_key",
@@ -124,6 +141,7 @@ class Tracer:
         self._failure_rate = failure_traces_per_s
         self._failure_tokens = max(failure_traces_per_s, 1.0)
         self._failure_refilled = time.monotonic()
+        self.open = 0  # request spans begun and not ended (recorded, or deferred)
 
     def start_request(
         self,
@@ -132,9 +150,12 @@ class Tracer:
         request_model: str,
         headers: Mapping[str, str],
         body: Mapping[str, Any] | None = None,
+        started: float | None = None,
+        request_id: str = "",
     ) -> RequestSpan:
         """The request's SERVER span (``operation``: chat, text_completion, embeddings);
-        ``body`` gives the request parameters (max_tokens, temperature...), never the prompt."""
+        ``body`` gives the request parameters (max_tokens, temperature...), never the prompt;
+        ``started``: ``time.perf_counter()`` when the request arrived (else now)."""
         if self.sink is None:
             return NOOP_REQUEST
         parent = None
@@ -144,7 +165,8 @@ class Tracer:
         if parent is None:
             if self.sample_ratio < 1.0 and random.random() >= self.sample_ratio:
                 if self.trace_failures:
-                    return DeferredRequestSpan(self, operation, request_model)
+                    self.open += 1
+                    return DeferredRequestSpan(self, operation, request_model, request_id, started)
                 return NOOP_REQUEST
             trace_id, parent_id, state = _bits(128) or 1, 0, ""
         else:
@@ -154,6 +176,8 @@ class Tracer:
             state = headers.get("tracestate", "")
         model = capped(request_model)
         attrs: dict[str, Any] = {OPERATION: operation, REQUEST_MODEL: model}
+        if request_id:
+            attrs[REQUEST_ID] = request_id
         if body is not None:
             for field, name in _REQUEST_PARAMS.items():
                 value = body.get(field)
@@ -161,8 +185,10 @@ class Tracer:
                     attrs[name] = value
                 elif isinstance(value, str):
                     attrs[name] = capped(value)
-        return RequestSpan(self, operation, f"{operation} {model}", trace_id, parent_id, state,
+        self.open += 1
+        span = RequestSpan(self, operation, f"{operation} {model}", trace_id, parent_id, state,
                            attrs)  # fmt: skip
+        return _started(span, started)
 
     def take_failure_token(self) -> bool:
         """One failure trace from the bucket (refilled at ``failure_traces_per_s``)."""
@@ -181,9 +207,9 @@ class Tracer:
 class RequestSpan:
     """One request's span and the helpers that hang stages, attempts and decisions on it."""
 
-    __slots__ = ("ended", "events", "groups", "keeps_decisions", "name", "operation",
-                 "parent_id", "recording", "span_id", "start_ns", "trace_id", "trace_state",
-                 "tracer")  # fmt: skip
+    __slots__ = ("attempt_count", "ended", "events", "groups", "keeps_decisions", "name",
+                 "operation", "parent_id", "recording", "span_id", "start_ns", "trace_id",
+                 "trace_state", "tracer")  # fmt: skip
 
     def __init__(
         self,
@@ -209,6 +235,7 @@ class RequestSpan:
         self.groups: list[AttrGroup] = [("", attrs)] if attrs is not None else []
         self.events: list[Event] = []
         self.ended = False
+        self.attempt_count = 0
 
     def decision(self, attrs: Mapping[str, Any]) -> None:
         """``gateway.<key>`` for each key (None values are skipped, at encoding)."""
@@ -229,20 +256,25 @@ class RequestSpan:
         backend: str,
         replica: str,
         hedge: bool = False,
-        index: int = 0,
         provider: str | None = None,
     ) -> AttemptSpan:
-        """A CLIENT span for one upstream attempt; end it with ``AttemptSpan.end``."""
+        """A CLIENT span for one upstream attempt (numbered in the order they are opened); end
+        it with ``AttemptSpan.end``."""
         if not self.recording:
             return NOOP_ATTEMPT
+        index = self.attempt_count
+        self.attempt_count = index + 1
         attrs = attempt_attributes(
             self.operation, base_url, upstream_model, backend, replica, hedge, index, provider
         )
         return AttemptSpan(self, f"{self.operation} {upstream_model}", attrs)
 
     def first_token(self, ttft_ms: float) -> None:
+        """The ``first_token`` event, at ``ttft_ms`` after the span's start (the request's
+        arrival), whenever it is recorded (the answer's end)."""
         if self.recording:
-            self.events.append((_time_ns(), "first_token", {"gateway.ttft_ms": ttft_ms}))
+            at_ns = self.start_ns + int(ttft_ms * 1_000_000)
+            self.events.append((at_ns, "first_token", {"gateway.ttft_ms": ttft_ms}))
 
     def budget_breach(self, kind: str, budget_ms: float, observed_ms: float) -> None:
         """``kind``: ttft | itl | total | queue."""
@@ -287,19 +319,28 @@ class RequestSpan:
         return self.recording and self.tracer is not None and self.tracer.record_content
 
     def content(self, input_messages_json: str | None, output_messages_json: str | None) -> None:
-        """Prompt and completion (JSON, GenAI message shape): only when the policy opts in."""
+        """Prompt and completion (JSON, GenAI message shape): only when the policy opts in;
+        each cut to ``MAX_CONTENT_CHARS``."""
         if self.records_content:
             self.groups.append(
-                ("", {INPUT_MESSAGES: input_messages_json, OUTPUT_MESSAGES: output_messages_json})
-            )
+                ("", {INPUT_MESSAGES: capped_content(input_messages_json),
+                      OUTPUT_MESSAGES: capped_content(output_messages_json)})
+            )  # fmt: skip
 
     def end(self, status: int, error_type: str | None = None) -> None:
-        if not self.recording or self.ended or self.tracer is None or self.tracer.sink is None:
+        if not self.recording or self.ended or self.tracer is None:
             return
         self.ended = True
+        self.tracer.open -= 1
+        self._record(status, error_type)
+
+    def _record(self, status: int, error_type: str | None) -> None:
+        tracer = self.tracer
+        if tracer is None or tracer.sink is None:
+            return
         self.groups.append(("", {"http.response.status_code": status, "error.type": error_type}))
         failed = status >= 500 or error_type is not None
-        self.tracer.sink.add(
+        tracer.sink.add(
             (self.trace_id, self.span_id, self.parent_id, self.name, KIND_SERVER, self.start_ns,
              _time_ns(), tuple(self.groups), tuple(self.events),
              STATUS_ERROR if failed else STATUS_UNSET, error_type or "", self.trace_state)
@@ -407,9 +448,16 @@ class AttemptSpan:
 class DeferredRequestSpan(RequestSpan):
     """An unsampled request's span-to-be: recorded only if the request fails (module comment)."""
 
-    __slots__ = ("attempts",)
+    __slots__ = ("arrived", "attempts")
 
-    def __init__(self, tracer: Tracer, operation: str, request_model: str) -> None:
+    def __init__(
+        self,
+        tracer: Tracer,
+        operation: str,
+        request_model: str,
+        request_id: str = "",
+        arrived: float | None = None,
+    ) -> None:
         # Not RequestSpan.__init__: a few stores, no ids.
         self.tracer = tracer
         self.operation = operation
@@ -419,10 +467,12 @@ class DeferredRequestSpan(RequestSpan):
         self.name = f"{operation} {model}"
         self.start_ns = _time_ns()
         self.trace_state = ""
-        self.groups = [("", {OPERATION: operation, REQUEST_MODEL: model})]
+        attrs = {OPERATION: operation, REQUEST_MODEL: model, REQUEST_ID: request_id or None}
+        self.groups = [("", attrs)]
         self.events = []
         self.ended = False
         self.attempts: list[AttemptSpan] = []
+        self.arrived = arrived  # perf_counter: the start, turned into a time only if kept
 
     def decision(self, attrs: Mapping[str, Any]) -> None:
         self.groups.append((_GATEWAY, attrs))
@@ -438,9 +488,9 @@ class DeferredRequestSpan(RequestSpan):
         backend: str,
         replica: str,
         hedge: bool = False,
-        index: int = 0,
         provider: str | None = None,
     ) -> AttemptSpan:
+        index = len(self.attempts)
         attrs = attempt_attributes(
             self.operation, base_url, upstream_model, backend, replica, hedge, index, provider
         )
@@ -450,22 +500,25 @@ class DeferredRequestSpan(RequestSpan):
         return attempt
 
     def end(self, status: int, error_type: str | None = None) -> None:
-        if self.ended:
-            return
-        failed = (status >= 500 and status != 499) or error_type is not None
         tracer = self.tracer
-        if not (failed or self.events) or tracer is None or not tracer.take_failure_token():
-            self.ended = True
+        if self.ended or tracer is None:
+            return
+        self.ended = True
+        tracer.open -= 1
+        failed = (status >= 500 and status != 499) or error_type is not None
+        if not (failed or self.events) or not tracer.take_failure_token():
             return
         self.trace_id = _bits(128) or 1
         self.span_id = _bits(64) or 1
         self.parent_id = 0
         self.groups.append(("", {"gateway.trace.kept": "failure"}))
         now_ns = _time_ns()
+        if self.arrived is not None:
+            self.start_ns = now_ns - int((time.perf_counter() - self.arrived) * 1_000_000_000)
         for attempt in self.attempts:  # which replicas were tried, and how each went
             attempt.emit(self, self.trace_id, self.span_id, now_ns)
         self.recording = True
-        super().end(status, error_type)
+        self._record(status, error_type)
 
 
 def response_attributes(
@@ -492,6 +545,20 @@ def response_attributes(
 def capped(text: str) -> str:
     """``text`` cut to ``MAX_TEXT`` characters (a caller's model name, an upstream's id)."""
     return text if len(text) <= MAX_TEXT else text[:MAX_TEXT]
+
+
+def capped_content(text: str | None) -> str | None:
+    """Recorded content cut to ``MAX_CONTENT_CHARS``, with a marker saying what was cut."""
+    if text is None or len(text) <= MAX_CONTENT_CHARS:
+        return text
+    return f"{text[:MAX_CONTENT_CHARS]}...[truncated: {len(text)} characters in all]"
+
+
+def _started(span: RequestSpan, started: float | None) -> RequestSpan:
+    """``span`` starting at ``started`` (``time.perf_counter()`` of the request's arrival)."""
+    if started is not None:
+        span.start_ns -= int((time.perf_counter() - started) * 1_000_000_000)
+    return span
 
 
 @lru_cache(maxsize=1024)

@@ -1,5 +1,10 @@
-"""Read what the span needs from an OpenAI answer: model, id, usage, finish reasons.
+"""Read what the span needs from an answer: model, id, usage, finish reasons (and its text).
 
+An answer is in OpenAI's chat or completions shape, or, relayed untranslated (passthrough),
+Anthropic's Messages (``content`` blocks, ``stop_reason``; a stream's ``message_start``,
+``content_block_delta`` and ``message_delta`` events) or OpenAI's Responses (``output`` items;
+a stream's ``response.*`` events carrying the response, and ``response.output_text.delta``);
+usage as ``prompt_tokens``/``completion_tokens`` or ``input_tokens``/``output_tokens``.
 A non-streamed answer is one JSON document. A stream is read as the relay passes it on: events
 are split on blank lines (an event may straddle two reads), and only the events that can
 carry something new are parsed: the first (model, id), those with a non-null
@@ -35,18 +40,21 @@ class ResponseSummary:
     def absorb(self, obj: Any, collect_text: bool) -> None:
         if not isinstance(obj, dict):
             return
+        kind = obj.get("type")
+        if isinstance(kind, str) and kind != "message":
+            self._event(kind, obj, collect_text)  # a stream's event, relayed untranslated
+            return
         if self.model is None and isinstance(obj.get("model"), str):
             self.model = obj["model"]
         if self.response_id is None and isinstance(obj.get("id"), str):
             self.response_id = obj["id"]
-        usage = obj.get("usage")
-        if isinstance(usage, dict):
-            self.usage = usage
-            # A count past belief (an upstream's bug) is not shown, as it is not charged.
-            if believed_count(prompt := usage.get("prompt_tokens")):
-                self.input_tokens = prompt
-            if believed_count(completion := usage.get("completion_tokens")):
-                self.output_tokens = completion
+        self._usage(obj.get("usage"))
+        if isinstance(reason := obj.get("stop_reason"), str):  # Anthropic's Message
+            self.finish_reasons.append(reason)
+        if collect_text:
+            self._blocks(obj.get("content"))  # Anthropic's Message
+            for item in _dicts(obj.get("output")):  # a Response's output items
+                self._blocks(item.get("content"))
         choices = obj.get("choices")
         if not isinstance(choices, list):
             return
@@ -74,12 +82,51 @@ class ResponseSummary:
             message["finish_reason"] = self.finish_reasons[0]
         return json.dumps([message], ensure_ascii=False)
 
+    def _event(self, kind: str, event: dict[str, Any], collect_text: bool) -> None:
+        """One event of an Anthropic Messages or OpenAI Responses stream."""
+        if kind == "message_start" or (kind.startswith("response.") and "response" in event):
+            self.absorb(event.get("message") or event.get("response"), False)  # text: deltas'
+        elif kind == "message_delta":
+            self._usage(event.get("usage"))
+            delta = event.get("delta")
+            if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
+                self.finish_reasons.append(delta["stop_reason"])
+        elif not collect_text:
+            return
+        elif kind == "content_block_delta":
+            delta = event.get("delta")
+            if isinstance(delta, dict) and isinstance(delta.get("text"), str):
+                self.text.append(delta["text"])
+        elif kind == "response.output_text.delta" and isinstance(event.get("delta"), str):
+            self.text.append(event["delta"])
+
+    def _usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        self.usage = usage
+        # A count past belief (an upstream's bug) is not shown, as it is not charged.
+        if believed_count(prompt := usage.get("prompt_tokens", usage.get("input_tokens"))):
+            self.input_tokens = prompt
+        output = usage.get("completion_tokens", usage.get("output_tokens"))
+        if believed_count(output):
+            self.output_tokens = output
+
+    def _blocks(self, content: Any) -> None:
+        """The text of content blocks (Anthropic's ``text``, a Response's ``output_text``)."""
+        for block in _dicts(content):
+            if block.get("type") in ("text", "output_text") and isinstance(block.get("text"), str):
+                self.text.append(block["text"])
+
     def _text(self, choice: dict[str, Any]) -> None:
         for part in (choice.get("message"), choice.get("delta")):
             if isinstance(part, dict) and isinstance(part.get("content"), str):
                 self.text.append(part["content"])
         if isinstance(choice.get("text"), str):
             self.text.append(choice["text"])
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def summarize_body(body: bytes, collect_text: bool = False) -> ResponseSummary:

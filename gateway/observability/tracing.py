@@ -19,7 +19,9 @@ Spans, sampling and kept failure traces: see ``gateway.observability.spans``.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -205,43 +207,85 @@ class Telemetry(Tracer):
         queue = Exporter.otlp(sender, Encoder(resource))
         return cls(queue, exporter=queue, protocol=settings.protocol, **options)
 
+    async def drained(self, timeout_s: float, poll_s: float = 0.1) -> bool:
+        """Wait (at most ``timeout_s``) until every request span begun here has ended: a reload
+        that replaces this telemetry stops it only then, so requests in flight keep their spans
+        (and their resource, e.g. the old ``service.name``). False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.open > 0:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(poll_s)
+        return True
+
     def shutdown(self) -> None:
-        """Flush and stop the export (blocking: call it through ``asyncio.to_thread``)."""
-        if self.exporter is not None:
-            self.exporter.force_flush()
-            self.exporter.shutdown()
+        """Flush and stop the export (blocking: call it through ``asyncio.to_thread``). A span
+        that ends later (a request that outlived ``drained``'s wait) is counted as dropped."""
+        exporter = self.exporter
+        if exporter is not None:
+            self.sink = _CountedAsDropped(exporter)  # the exporter's last drain takes the rest
+            exporter.force_flush()
+            exporter.shutdown()
+
+    @property
+    def finished(self) -> bool:
+        """Stopped, and no span of its own can still end: its counts will not change again."""
+        return self.exporter is None or (self.exporter.stopped and self.open <= 0)
 
     def force_flush(self, timeout_ms: int = 5000) -> bool:
         return self.exporter.force_flush(timeout_ms / 1000) if self.exporter is not None else True
 
 
 class SpanDropCollector(Collector):
-    """``llm_gateway_trace_spans_dropped_total``: spans the export dropped (a full queue, a
-    failed send), read at scrape time from the running telemetry's exporter and from those a
-    reload replaced (until they stop, then as one number), so the total never goes back."""
+    """``llm_gateway_trace_spans_dropped_total`` (spans the export dropped: a full queue, a
+    failed send, a span that ended after its telemetry stopped) and
+    ``llm_gateway_trace_spans_unconfirmed_total`` (spans sent that the collector did not answer
+    for in time: maybe received, never sent again), read at scrape time from the running
+    telemetry's exporter and from those a reload replaced (until they are ``finished``, then as
+    numbers kept here), so the totals never go back."""
 
     def __init__(self, telemetry: Callable[[], Telemetry]) -> None:
         self._telemetry = telemetry
-        self._retired = 0  # what stopped exporters dropped
-        self._replaced: list[Exporter] = []  # replaced, maybe still flushing
-        self._current: Exporter | None = None
+        self._retired = [0, 0]  # what finished exporters dropped, and left unconfirmed
+        self._replaced: list[Telemetry] = []  # replaced, maybe still draining or flushing
+        self._current: Telemetry | None = None
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        exporter = self._telemetry().exporter
-        if exporter is not self._current:
+        telemetry = self._telemetry()
+        if telemetry is not self._current:
             if self._current is not None:
                 self._replaced.append(self._current)
-            self._current = exporter
-        for old in [e for e in self._replaced if e.stopped]:
-            self._retired += old.dropped
+            self._current = telemetry
+        for old in [t for t in self._replaced if t.finished]:
+            if old.exporter is not None:
+                self._retired[0] += old.exporter.dropped
+                self._retired[1] += old.exporter.unconfirmed
             self._replaced.remove(old)
-        live = [e for e in (*self._replaced, self._current) if e is not None]
-        family = CounterMetricFamily(
+        live = [t.exporter for t in (*self._replaced, telemetry) if t.exporter is not None]
+        dropped = CounterMetricFamily(
             "llm_gateway_trace_spans_dropped",
-            "Trace spans dropped by the export (its queue full, or a send that failed twice)",
+            "Trace spans dropped by the export (its queue full, a send that failed twice, or a"
+            " span that ended after a reload stopped its export)",
         )
-        family.add_metric([], self._retired + sum(e.dropped for e in live))
-        yield family
+        dropped.add_metric([], self._retired[0] + sum(e.dropped for e in live))
+        yield dropped
+        unconfirmed = CounterMetricFamily(
+            "llm_gateway_trace_spans_unconfirmed",
+            "Trace spans sent that the collector did not answer for within the timeout (maybe"
+            " received; not sent again)",
+        )
+        unconfirmed.add_metric([], self._retired[1] + sum(e.unconfirmed for e in live))
+        yield unconfirmed
+
+
+class _CountedAsDropped:
+    """The sink of a stopped telemetry: a span that ends now is counted, not queued."""
+
+    def __init__(self, exporter: Exporter) -> None:
+        self._exporter = exporter
+
+    def add(self, record: SpanRecord) -> None:
+        self._exporter.dropped += 1
 
 
 class _Immediate:

@@ -214,14 +214,26 @@ def _client_id(call: Call) -> str | None:
 def input_messages(body: Mapping[str, Any]) -> str | None:
     """The request's prompt as ``gen_ai.input.messages`` (JSON): a chat request's messages as
     the caller sent them (a dialect's, translated to chat), else its prompt or input as one
-    user message."""
+    user message (a Responses list of input items as they are). A request relayed untranslated
+    keeps its system prompt apart (Anthropic's ``system``, the Responses ``instructions``): it
+    comes first, as a system message."""
     messages = body.get("messages")
-    if isinstance(messages, list):
-        return json.dumps(messages, ensure_ascii=False)
-    for field in ("prompt", "input"):
-        if body.get(field) is not None:
-            return json.dumps([{"role": "user", "content": body[field]}], ensure_ascii=False)
-    return None
+    if not isinstance(messages, list):
+        messages = None
+        for field in ("prompt", "input"):
+            value = body.get(field)
+            if isinstance(value, list) and field == "input":
+                messages = value
+                break
+            if value is not None:
+                messages = [{"role": "user", "content": value}]
+                break
+    if messages is None:
+        return None
+    system = body.get("system", body.get("instructions"))
+    if system is not None:
+        messages = [{"role": "system", "content": system}, *messages]
+    return json.dumps(messages, ensure_ascii=False)
 
 
 def ms_since(started: float) -> float:

@@ -628,8 +628,8 @@ def test_dropped_spans_never_go_back_when_a_reload_replaces_the_export() -> None
         return Telemetry(exporter, exporter=exporter)
 
     def collected() -> float:
-        (family,) = collector.collect()
-        return float(family.samples[0].value)
+        dropped, _unconfirmed = collector.collect()
+        return float(dropped.samples[0].value)
 
     current = [telemetry()]
     collector = SpanDropCollector(lambda: current[0])

@@ -36,7 +36,6 @@ def run_request(
         backend="b",
         replica="r2",
         hedge=True,
-        index=1,
     )
     hedge.first_chunk()
     first.end("cancelled")

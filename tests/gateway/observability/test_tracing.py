@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -199,7 +200,7 @@ def test_a_kept_failure_shows_each_attempt_with_its_own_times() -> None:
     assert headers == {}  # an unsampled request propagates no context upstream
     first.end("http_5xx", 503)
     second = rs.attempt(base_url="http://10.0.0.2:8000/v1", upstream_model="up-m",
-                        backend="pool", replica="10.0.0.2:8000", index=1)  # fmt: skip
+                        backend="pool", replica="10.0.0.2:8000")  # fmt: skip
     second.first_chunk()
     second.end("connect_error")
     rs.attempt(
@@ -207,8 +208,7 @@ def test_a_kept_failure_shows_each_attempt_with_its_own_times() -> None:
         upstream_model="up-m",
         backend="pool",
         replica="10.0.0.3:8000",
-        index=2,
-    )  # fmt: skip  (never ended: cancelled)
+    )  # fmt: skip  (never ended: cancelled; attempts are numbered in order)
     ok = tel.start_request(operation="chat", request_model="m", headers={})
     ok.attempt(base_url="http://10.0.0.1:8000/v1", upstream_model="up-m", backend="pool",
                replica="10.0.0.1:8000").end("ok", 200)  # fmt: skip
@@ -237,6 +237,19 @@ def test_a_kept_failure_shows_each_attempt_with_its_own_times() -> None:
     assert a3["gateway.attempt.outcome"] == "cancelled"
     assert attempts[0].end_time is not None and attempts[1].start_time is not None
     assert attempts[0].end_time <= attempts[1].start_time  # real times, in order
+
+
+def test_spans_start_when_the_request_arrived_sampled_or_kept_as_a_failure() -> None:
+    """``started`` (the arrival, before the body was read) is the span's start, for a traced
+    request and for an unsampled one kept because it failed."""
+    for tel, exporter in (traced(), unsampled()):
+        arrived = time.perf_counter() - 2.0  # a body that took 2 s to upload
+        rs = tel.start_request(operation="chat", request_model="m", headers={}, started=arrived)
+        rs.end(502, "bad_gateway")
+        (root,) = exporter.get_finished_spans()
+        assert root.start_time is not None and root.end_time is not None
+        assert 1.9e9 < root.end_time - root.start_time < 10e9
+        assert tel.open == 0
 
 
 def test_failure_traces_are_rate_limited_and_can_be_turned_off() -> None:
