@@ -210,6 +210,31 @@ async def test_previous_response_id_across_two_gateways_sharing_redis(
     assert gone.value.param == "previous_response_id"
 
 
+async def test_a_shorter_ttl_on_another_gateway_keeps_its_new_responses(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, redis_server: RedisServer
+) -> None:
+    """Two gateways on one Redis with different ``ttl_s`` (or one whose reload lowered it): a
+    tenant at ``max_entries`` loses its oldest responses, never the one just created."""
+    up = await make_fake()
+    shared = f"shared_state: {{redis_url: '{redis_server.url}'}}\n{TENANTS}"
+    month = await make_gateway(
+        pool_policy([up.url], shared + "responses_store: {max_entries: 3}\n"), api_key=KEY_A
+    )
+    hour = await make_gateway(
+        pool_policy([up.url], shared + "responses_store: {max_entries: 3, ttl_s: 3600}\n"),
+        api_key=KEY_A,
+    )
+    old = [await month.client.responses.create(model="m", input=f"old {n}") for n in range(3)]
+    new = await hour.client.responses.create(model="m", input="new")
+    assert (await month.client.responses.retrieve(new.id)).id == new.id
+    await hour.client.responses.create(
+        model="m", input="go on", previous_response_id=new.id, store=False
+    )
+    with pytest.raises(openai.NotFoundError):  # the oldest made room
+        await hour.client.responses.retrieve(old[0].id)
+    assert (await hour.client.responses.retrieve(old[1].id)).id == old[1].id
+
+
 async def test_a_tenant_never_reads_anothers_response(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:

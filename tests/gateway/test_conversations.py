@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from gateway.conversations import (
     RecordTooLarge,
@@ -15,7 +17,9 @@ from gateway.conversations import (
     StoreLimits,
     StoreUnavailable,
     open_store,
+    tenant_key,
 )
+from gateway.conversations.redis_store import RedisResponseStore
 from tests.cache.conftest import RedisServer
 
 
@@ -103,6 +107,93 @@ async def test_each_tenant_keeps_at_most_max_entries(make_store: Any) -> None:
     kept = [n for n in range(5) if await store.get("busy", f"resp_{n}") is not None]
     assert kept == [2, 3, 4]  # the oldest went first
     assert await store.get("quiet", "resp_0") is not None  # another tenant's are untouched
+
+
+async def test_the_oldest_go_first_however_fast_they_come(
+    make_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A clock that never moves: every record is written in the same instant (in Redis they
+    # were equal scores, removed in id order: resp_0, resp_1, resp_10, resp_11 before resp_2).
+    frozen = time.time()
+    monkeypatch.setattr("time.time", lambda: frozen)
+    store = make_store(StoreLimits(max_entries=3))
+    for n in range(12):
+        await store.put(record("busy", n))
+        assert await store.get("busy", f"resp_{n}") is not None  # the newest always stays
+    kept = [n for n in range(12) if await store.get("busy", f"resp_{n}") is not None]
+    assert kept == [9, 10, 11]
+
+
+async def test_a_lowered_ttl_keeps_the_newest_responses(redis_server: RedisServer) -> None:
+    """A reload that lowers ``ttl_s`` (or two instances with different ones): new records
+    expire sooner than the old ones, yet they are the newest, and the oldest go first."""
+    month, hour = StoreLimits(ttl_s=30 * 24 * 3600, max_entries=3), StoreLimits(3600, max_entries=3)
+    before, after = open_store(redis_server.url, month), open_store(redis_server.url, hour)
+    try:
+        for n in range(3):
+            await before.put(record("t", n))
+        for n in range(3, 6):
+            await after.put(record("t", n))
+            assert await after.get("t", f"resp_{n}") is not None
+        assert [n for n in range(6) if await after.get("t", f"resp_{n}") is not None] == [3, 4, 5]
+    finally:
+        await before.aclose()
+        await after.aclose()
+
+
+async def test_an_expired_record_stops_counting_toward_max_entries(
+    redis_server: RedisServer,
+) -> None:
+    lasting, brief = StoreLimits(3600, max_entries=3), StoreLimits(1, max_entries=3)
+    one, two = open_store(redis_server.url, lasting), open_store(redis_server.url, brief)
+    try:
+        await one.put(record("t", 0))
+        await one.put(record("t", 1))
+        await two.put(record("t", 2))  # newer than 0 and 1, but gone first
+        await asyncio.sleep(1.5)
+        await one.put(record("t", 3))
+        assert [n for n in range(4) if await one.get("t", f"resp_{n}") is not None] == [0, 1, 3]
+    finally:
+        await one.aclose()
+        await two.aclose()
+
+
+async def test_nothing_of_a_tenant_outlives_its_records(redis_server: RedisServer) -> None:
+    store = open_store(redis_server.url, StoreLimits(ttl_s=1))
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await store.put(record("t", 1))
+        await store.put(record("t", 2))
+        assert await raw.dbsize() > 2  # the records and the tenant's index
+        await asyncio.sleep(1.5)
+        assert await raw.dbsize() == 0
+    finally:
+        await store.aclose()
+        await raw.aclose()
+
+
+async def test_records_of_the_earlier_index_count_as_the_oldest(
+    redis_server: RedisServer,
+) -> None:
+    """Records written by a version whose index was one sorted set by expiry (``:z``) are
+    folded into the new index on the tenant's next write, as its oldest records."""
+    store = open_store(redis_server.url, StoreLimits(ttl_s=3600, max_entries=3))
+    assert isinstance(store, RedisResponseStore)
+    raw = aioredis.Redis.from_url(redis_server.url)
+    base = f"{store.prefix}:{tenant_key('t')}"
+    now = int(time.time())
+    try:
+        for n in range(3):  # written by the old version with a 30-day TTL, n=0 first
+            await raw.set(f"{base}:r:resp_{n}", record("t", n).encode(), ex=30 * 24 * 3600)
+            await raw.zadd(f"{base}:z", {f"resp_{n}": now + 30 * 24 * 3600 + n})
+        await raw.set(f"{base}:r:resp_9", record("t", 9).encode(), ex=30 * 24 * 3600)
+        await raw.zadd(f"{base}:z", {"resp_9": now - 5})  # expired, its record not yet
+        await store.put(record("t", 3))
+        assert await raw.exists(f"{base}:z") == 0
+        assert [n for n in range(4) if await store.get("t", f"resp_{n}") is not None] == [1, 2, 3]
+    finally:
+        await store.aclose()
+        await raw.aclose()
 
 
 async def test_the_memory_store_is_bounded_in_bytes() -> None:
