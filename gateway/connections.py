@@ -12,12 +12,18 @@ that adds, from ``ConnectionLimits``:
   bytes came) and close. Slowloris connections end here.
 - idle keep-alive (``server.keepalive_timeout_s``): aiohttp's timer, with a bound that suits proxies and LBs.
 - a cap on open connections (``server.max_client_connections``): at the cap, a new connection closes the
-  oldest idle one (no request being handled: a keep-alive socket, a half-sent head), else the
-  one that has been sending its body longest, past ``SLOW_BODY_S`` (a slow upload under a full
-  house is shed before a new client is refused), so idle, slow-header and slow-body floods
-  cannot lock out a real client; when none qualifies, the new one gets a 503 in OpenAI's error
-  JSON and is closed. The cap never exceeds what the open-file limit
-  leaves room for (one client and one upstream socket per connection, plus a reserve).
+  oldest idle one, else the one that has been sending its body longest, past ``SLOW_BODY_S``
+  (a slow upload under a full house is shed before a new client is refused); when none
+  qualifies, the new one gets a 503 in OpenAI's error JSON and is closed. Idle means a
+  keep-alive socket between requests, or one whose awaited head (its first request's, or a
+  later one's since its first byte) has been coming for ``SLOW_HEAD_S``. A connection just
+  accepted has not had time to send its request: closing it would answer a burst of clients
+  arriving together at the cap with bare disconnects, each new one closing the one before
+  it, where the 503 tells them to retry. Past ``SLOW_HEAD_S`` it is shed (a client that
+  connects and says nothing, a slow-header flood), so idle, slow-header and slow-body floods
+  cannot lock out a real client for longer than that. The cap never exceeds what the
+  open-file limit leaves room for (one client and one upstream socket per connection, plus a
+  reserve).
 - parser errors as OpenAI error JSON naming the kind of fault, logged as one line without the
   bytes that caused them.
 
@@ -50,6 +56,7 @@ log = logging.getLogger("llm_gateway.connections")
 
 FD_RESERVE = 64  # files, the listening socket, Redis, telemetry exporters, logs
 SLOW_BODY_S = 2.0  # a body still arriving after this may be shed at the connection cap
+SLOW_HEAD_S = 2.0  # a head awaited this long may be shed (a client's comes in milliseconds)
 CUT_NOTICE_S = 0.5  # at the end of a drain: what a cut request has to tell its client
 
 
@@ -129,6 +136,7 @@ class GuardedHandler(RequestHandler):
         super().__init__(manager, **kwargs)
         self.body_since: float | None = None  # loop time the handler began reading the body
         self._head_deadline: asyncio.TimerHandle | None = None
+        self.head_since: float | None = None  # loop time the awaited head's wait began
         self._head_count = 0  # requests parsed when the deadline was set
         self._head_bytes = False  # bytes of the awaited head have arrived
 
@@ -157,6 +165,7 @@ class GuardedHandler(RequestHandler):
         manager = cast(_GuardedServer, self._manager)
         self._head_count = self._request_count
         self._head_bytes = bytes_seen
+        self.head_since = self._loop.time()
         self._head_deadline = self._loop.call_later(
             manager.limits.header_timeout_s, self._head_deadline_passed
         )
@@ -171,10 +180,12 @@ class GuardedHandler(RequestHandler):
         if self._head_deadline is not None and self._request_count != self._head_count:
             self._head_deadline.cancel()  # the head is complete
             self._head_deadline = None
+            self.head_since = None
             self._head_count = self._request_count
 
     def _head_deadline_passed(self) -> None:
         self._head_deadline = None
+        self.head_since = None
         if self._request_count != self._head_count or not _idle(self) or self.transport is None:
             return
         if self._head_bytes:
@@ -231,6 +242,15 @@ def _parser_message(exc: BaseException | None) -> str:
     return "malformed HTTP request: the request line or a header is not valid HTTP"
 
 
+def _evictable(handler: RequestHandler) -> bool:
+    """Idle between requests, or awaiting a head for ``SLOW_HEAD_S`` (see the module's
+    docstring): not a connection whose client has only just connected."""
+    if not _idle(handler):
+        return False
+    since = getattr(handler, "head_since", None)
+    return since is None or handler._loop.time() - since >= SLOW_HEAD_S
+
+
 def _evict_one(manager: Server) -> bool:
     """Close the oldest idle connection (the dict keeps them in the order they opened), else
     the slowest body still arriving after ``SLOW_BODY_S``."""
@@ -238,7 +258,7 @@ def _evict_one(manager: Server) -> bool:
     for handler in manager._connections:
         if handler._force_close:
             continue
-        if _idle(handler):
+        if _evictable(handler):
             handler.force_close()
             return True
         since = getattr(handler, "body_since", None)

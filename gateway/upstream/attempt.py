@@ -54,6 +54,11 @@ class Attempt:
         self.failed_as = outcome
 
     @property
+    def where(self) -> str:
+        """``backend/replica`` (the replica's host:port): what an operator's line names."""
+        return f"{self.target.pool.name}/{self.decision.replica.name}"
+
+    @property
     def total_deadline(self) -> float:
         """perf_counter past which ``timeouts.total_s`` ends the answer."""
         return self.opened_at + self.timeouts.total_s
@@ -92,7 +97,7 @@ class Attempt:
         if self.finished:
             return None
         self._close("abandoned")
-        return f"{self.target.pool.name}/{self.decision.replica.name}"
+        return self.where
 
     async def discard(self) -> None:
         """Close a losing or abandoned attempt: the replica sees the connection go."""

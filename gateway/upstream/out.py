@@ -9,6 +9,10 @@ goes through the dialect's encoder, the stream is complete when the encoder saw 
 dialect's ``ended`` hook runs before the bytes that end the stream are written (so what it
 stores is there before the client can ask for it), and errors and the deadline's stop are
 written in the dialect's format.
+
+A stream that ends in an error is logged at WARNING once per replica and error code every
+10 s (``LogEvery``): a replica that breaks every stream would otherwise write a line per
+request.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from gateway.errors import GatewayError, error_bytes
+from gateway.observability.log_every import LogEvery
 from gateway.protocol.sse import DONE, DONE_EVENT
 
 log = logging.getLogger("llm_gateway.relay")
+_stream_errors = LogEvery(log)  # keyed by (backend/replica, error code)
 
 _DONE_LINES = (b"\n" + DONE_EVENT.rstrip(), b"\ndata:" + DONE)
 _HEAD_BYTES = 2048  # kept of a stream's first bytes: its first chunk, for the deadline's stop
@@ -66,10 +72,11 @@ class ClientDialect(Protocol):
 class StreamOut:
     """The client's side of a stream: the bytes as they came, or re-told by a dialect."""
 
-    __slots__ = ("_client", "_encoder", "_ended", "_head", "_resp", "_tail")
+    __slots__ = ("_client", "_encoder", "_ended", "_head", "_resp", "_tail", "_where")
 
-    def __init__(self, resp: web.StreamResponse, client: ClientDialect | None) -> None:
+    def __init__(self, resp: web.StreamResponse, client: ClientDialect | None, where: str) -> None:
         self._resp = resp
+        self._where = where  # backend/replica the stream comes from, for the log
         self._client = client
         self._encoder = client.stream() if client is not None else None
         self._tail = b"\n"  # the stream's start counts as after a newline
@@ -113,7 +120,12 @@ class StreamOut:
     async def error(self, error: GatewayError) -> None:
         """End the stream with ``error``: its type and code (the dialect's, for another API)
         as the JSON answer for the same failure would say them."""
-        log.warning("stream ended with an error: %s", error.message)
+        _stream_errors.warning(
+            (self._where, error.named_code()),
+            "stream from %s ended with an error: %s",
+            self._where,
+            error.message,
+        )
         if self._encoder is not None:
             data = self._encoder.fail(error)
         else:

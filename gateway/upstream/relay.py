@@ -32,9 +32,11 @@ another client API (the Responses API, Anthropic's Messages API: ``gateway.diale
 reads them re-told by the dialect's encoder (or, for an untranslated passthrough, relayed as
 they are), a stream is complete when the encoder saw its end (those APIs end with an event,
 not ``[DONE]``), and errors, the deadline's stop and whole answers are written in the
-dialect's format. A client that goes away cancels the handler; the ``finally`` below then closes the upstream connection, and vLLM
-aborts the request and frees its KV cache. Whatever the end, the attempt is finished here
-(load guard released, span ended) exactly once.
+dialect's format. A failure that repeats per request (a refused, unreadable or broken answer)
+is logged at WARNING once per replica and kind every 10 s (``LogEvery``), naming
+``backend/replica``. A client that goes away cancels the handler; the ``finally`` below then
+closes the upstream connection, and vLLM aborts the request and frees its KV cache. Whatever
+the end, the attempt is finished here (load guard released, span ended) exactly once.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.errors import Unavailable, UpstreamError, UpstreamTimeout, stopping
+from gateway.observability.log_every import LogEvery
 from gateway.protocol import upstream_json
 from gateway.protocol.answers import render_sse
 from gateway.protocol.sse import MAX_EVENT_BYTES, EventTooLong, Framing
@@ -66,6 +69,7 @@ from gateway.upstream.providers.translated import TranslatedResponse
 from routing.http1 import Http1Response
 
 log = logging.getLogger("llm_gateway.relay")
+_per_replica = LogEvery(log)  # a replica that fails one answer so fails them all
 
 # What of an upstream's head reaches the client: what its answer is, when to come back, and
 # the provider's processing time and API version. Nothing hop-by-hop (or named in its
@@ -140,6 +144,11 @@ class Relayed:
     response: web.StreamResponse
     result: RelayResult
     attempt: Attempt | None  # None for a cache hit
+
+
+def _warn(attempt: Attempt, kind: str, msg: str, *args: object) -> None:
+    """``msg`` (its first ``%s``: the replica) once per replica and ``kind`` every 10 s."""
+    _per_replica.warning((attempt.where, kind), msg, attempt.where, *args)
 
 
 def response_headers(upstream: UpstreamResponse, extra: dict[str, str]) -> dict[str, str]:
@@ -263,7 +272,12 @@ async def read_whole(attempt: Attempt, deadline: float | None, max_bytes: int) -
                 body = await read_answer(upstream, max_bytes)
     except AnswerTooLarge as exc:
         upstream.close()
-        log.warning("an upstream answer was refused: %s (server.max_response_bytes)", exc)
+        _warn(
+            attempt,
+            "too_large",
+            "an answer from %s was refused: %s (server.max_response_bytes)",
+            exc,
+        )
         raise UpstreamError(
             "the upstream's answer is larger than server.max_response_bytes",
             code="response_too_large",
@@ -300,14 +314,14 @@ async def read_whole(attempt: Attempt, deadline: float | None, max_bytes: int) -
         body = attempt.first + body
     if upstream.status == 200 and not _json_object(body, upstream.headers):
         # An HTML error page from a proxy, or a body cut short: not an answer.
-        log.warning("an upstream answered 200 with a body that is not a JSON object")
+        _warn(attempt, "not_json", "%s answered 200 with a body that is not a JSON object")
         attempt.fail("bad_answer", "an answer that is not JSON")
         raise UpstreamError(
             "the upstream answered 200 with a body that is not a JSON answer", code="bad_gateway"
         )
     if upstream.status == 200 and b'"error"' in body and _error_object(body):
         # A provider (or a proxy) that tells its failure with a 200: not an answer either.
-        log.warning("an upstream answered 200 with an error object")
+        _warn(attempt, "error_200", "%s answered 200 with an error object")
         attempt.fail("bad_answer", "an error object answered 200")
         raise UpstreamError(
             "the upstream answered 200 with an error object, not an answer", code="bad_gateway"
@@ -387,7 +401,7 @@ async def _answer_as_stream(request: web.Request, attempt: Attempt, plan: RelayP
     except (ValueError, RecursionError):
         readable = False
     if not readable:
-        log.warning("an upstream answered a stream request with JSON that is not an answer")
+        _warn(attempt, "not_answer", "%s answered a stream request with JSON that is not an answer")
         attempt.fail("bad_answer", "a stream request answered with JSON that is no answer")
         raise UpstreamError(
             "the upstream answered a stream request with JSON that is not an answer",
@@ -407,7 +421,7 @@ async def _relay_stream(
     await resp.prepare(request)
     request[ANSWER_STARTED] = True
     result = RelayResult(upstream.status)
-    out = StreamOut(resp, plan.client)
+    out = StreamOut(resp, plan.client, attempt.where)
     finished = False
     keep = plan.filter  # takes the usage chunk out for a client that did not ask for it
     # Line ends made "\n" before anyone reads the bytes, and no event past the cap.

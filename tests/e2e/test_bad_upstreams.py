@@ -243,3 +243,35 @@ async def test_a_failing_replica_is_logged_once_per_period_not_per_request(
             await gw.client.chat.completions.create(model="m", messages=MESSAGES)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attempt on")]
     assert len(lines) == 1, lines
+
+
+async def test_answers_a_replica_fails_are_logged_once_per_period_not_per_request(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # After the headers, the relay's own warnings (an answer refused for its size, a 200 page
+    # that is no JSON, a stream that broke) were one line per request: 497 in 22 minutes of a
+    # soak. One line per replica and kind every 10 s, naming backend/replica.
+    up = await make_fake()
+    policy = build_policy(
+        {"up": vllm(up.url, health={"eject_after": 100})},  # the replica stays in: each fails
+        {"m": {"backend": "up", "model": "fake-model"}},
+        server={"max_response_bytes": 4096},
+    )
+    gw = await make_gateway(policy)
+    for action in ("big:200000", "html", "midstream_drop"):
+        for _ in range(6):
+            up.fake.queue(action)
+            with pytest.raises(openai.APIError):
+                if action != "midstream_drop":
+                    await gw.client.chat.completions.create(model="m", messages=MESSAGES)
+                    continue
+                async for _chunk in await gw.client.chat.completions.create(
+                    model="m", messages=MESSAGES, stream=True
+                ):
+                    pass
+    relay = [r.getMessage() for r in caplog.records if r.name == "llm_gateway.relay"]
+    where = "up/" + up.url.split("//")[1].split("/")[0]
+    for what in ("was refused", "not a JSON object", "stream from"):
+        lines = [line for line in relay if what in line]
+        assert len(lines) == 1, (what, relay)
+        assert where in lines[0] and "http" not in lines[0], lines[0]

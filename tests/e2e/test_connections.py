@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from bench._attack_http import build, send
+from gateway.connections import SLOW_HEAD_S
 from tests.conftest import FakeFactory, GatewayFactory, build_policy, vllm
 
 GOOD = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
@@ -29,6 +30,13 @@ async def closed_within(reader: asyncio.StreamReader, seconds: float) -> tuple[b
     started = time.monotonic()
     data = await asyncio.wait_for(reader.read(), seconds)
     return data, time.monotonic() - started
+
+
+async def answer_of(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One whole answer (its head, its body) read off a keep-alive connection."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    return head, await reader.readexactly(length)
 
 
 async def test_slow_request_head_gets_408_and_idle_socket_is_closed(
@@ -62,10 +70,8 @@ async def test_keep_alive_connection_is_closed_after_keepalive_timeout(
     gw = await make_gateway(policy(fake.url, keepalive_timeout_s=0.5, header_timeout_s=5))
     reader, writer = await asyncio.open_connection("127.0.0.1", port_of(gw.root))
     writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-    head = await reader.readuntil(b"\r\n\r\n")
+    head, _ = await answer_of(reader)
     assert head.startswith(b"HTTP/1.1 200")
-    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-    await reader.readexactly(length)
     data, waited = await closed_within(reader, 5)  # idle after its answer: closed at 0.5 s
     assert data == b""
     assert waited < 3
@@ -101,7 +107,9 @@ async def test_connection_cap_closes_idle_connections_then_refuses_with_503(
     gw = await make_gateway(policy(fake.url, max_client_connections=4, header_timeout_s=30))
     port = port_of(gw.root)
     idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
-    await asyncio.sleep(0.1)
+    for reader, writer in idle:  # each one served a request: idle between requests
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await answer_of(reader)
     # at the cap, a real client still gets through: the oldest idle connection gives way
     r = await gw.client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}]
@@ -129,6 +137,51 @@ async def test_connection_cap_closes_idle_connections_then_refuses_with_503(
     assert [a.status for a in await asyncio.gather(*busy)] == [200] * 4
     # and the cap frees up again
     assert (await send(port, raw, 5)).status == 200
+
+
+async def test_connections_just_accepted_stay_open_and_a_newcomer_gets_503(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """Clients that connect together at the cap: those accepted have not sent their request
+    yet, which is no reason to close them; the one over the cap is told so (a 503), never
+    left with a bare disconnect."""
+    fake = await make_fake()
+    gw = await make_gateway(policy(fake.url, max_client_connections=2, header_timeout_s=30))
+    port = port_of(gw.root)
+    fresh = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+    await asyncio.sleep(0.2)  # accepted, and silent for a moment (well under SLOW_HEAD_S)
+    newcomer = await asyncio.open_connection("127.0.0.1", port)
+    await asyncio.sleep(0.2)
+    for reader, writer in fresh:  # both still open: each sends its request and is answered
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data, _ = await closed_within(reader, 5)
+        assert data.startswith(b"HTTP/1.1 200"), data
+        writer.close()
+    data, _ = await closed_within(newcomer[0], 5)
+    assert data.startswith(b"HTTP/1.1 503"), data
+    assert b'"too_many_connections"' in data
+    newcomer[1].close()
+
+
+async def test_silent_and_slow_header_connections_give_way_at_the_cap_after_a_while(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """A flood of connections that send nothing, or a head a line at a time, holds the cap
+    for SLOW_HEAD_S at most: then the oldest gives way to a real client."""
+    fake = await make_fake()
+    gw = await make_gateway(policy(fake.url, max_client_connections=2, header_timeout_s=30))
+    port = port_of(gw.root)
+    slow = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+    slow[0][1].write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # never ends
+    await asyncio.sleep(SLOW_HEAD_S + 0.5)
+    r = await gw.client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert r.choices[0].message.content
+    data, _ = await closed_within(slow[0][0], 2)
+    assert data == b""
+    for _, writer in slow:
+        writer.close()
 
 
 async def test_reload_changes_connection_bounds(

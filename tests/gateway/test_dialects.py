@@ -173,7 +173,7 @@ async def test_a_relayed_stream_the_gateway_failed_is_not_complete() -> None:
     for end in ("error", "stop"):
         call = ResponsesCall(relayed_request("m", True, True), "t", store, passthrough=own)
         sink = Sink()
-        out = StreamOut(cast(web.StreamResponse, sink), call)
+        out = StreamOut(cast(web.StreamResponse, sink), call, "up/127.0.0.1:1")
         created = {"type": "response.created", "response": {"id": f"resp_{end}"}}
         await out.write(b"event: response.created\ndata: " + json.dumps(created).encode() + b"\n\n")
         if end == "error":
