@@ -15,8 +15,8 @@ duplicate-key hook is one Python call per JSON object (a chat request has a hand
 values are counted (in C: the body's commas and brackets, its strings left out when the plain
 count is over the bound) only when the plain count is over the bound; the depth check runs
 only when the body holds more brackets than the depth limit, in C too (the strings taken out
-by one regex, the brackets' running sum by ``itertools.accumulate``); the surrogate walk only
-when the body holds a ``\\uD...`` escape.
+by splitting at the quotes, the brackets' running sum by ``itertools.accumulate``); the
+surrogate walk only when the body holds a ``\\uD...`` escape.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import re
 from typing import Any
 
 from gateway.errors import BadRequest, PayloadTooLarge
@@ -66,7 +65,6 @@ _DECODER = json.JSONDecoder(
 )
 
 
-_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"')  # a JSON string (the body parsed, or will)
 _OPEN_CLOSE = bytearray(range(256))
 _OPEN_CLOSE[ord("[")] = _OPEN_CLOSE[ord("{")] = 1
 _OPEN_CLOSE[ord("]")] = _OPEN_CLOSE[ord("}")] = 255  # -1 as a signed byte
@@ -80,8 +78,12 @@ def _values(structure: bytes) -> int:
 
 
 def _structure(raw: bytes) -> bytes:
-    """The body with its strings taken out: what is left is numbers, literals and punctuation."""
-    return _STRING.sub(b"", raw)
+    """The body with its strings taken out: what is left is numbers, literals and punctuation.
+    Escaped backslashes, then escaped quotes, are dropped; the quotes left alternate between
+    opening and closing a string. Each step is one pass in C, whatever the bytes (a regex
+    matching strings retried at every quote of an unclosed one: quadratic, 49 s for 1 MB)."""
+    plain = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    return b"".join(plain.split(b'"')[::2])
 
 
 def _depth(body: bytes) -> int:

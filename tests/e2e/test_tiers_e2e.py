@@ -6,7 +6,6 @@ import json
 import time
 from typing import Any
 
-import aiohttp
 import openai
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -22,6 +21,7 @@ from tests.conftest import (
     build_policy,
     vllm,
 )
+from tests.e2e.limits_helpers import metric
 
 MESSAGES: Any = [{"role": "user", "content": "Tom has 3 boxes of 4 apples. How many apples?"}]
 GOOD = "3 boxes x 4 apples = 12 apples. #### 12"
@@ -202,7 +202,7 @@ async def test_a_cascade_honours_the_surface_deadline(
     assert chunks[-1].choices[0].finish_reason == "length"
     texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert 4 <= len(texts) < 20  # the held chunks, then the relay until the deadline
-    assert await _metric(gw, "llm_gateway_deadline_stops_total", 'surface="default"') == 1
+    assert await metric([gw], "llm_gateway_deadline_stops_total", surface="default") == 1
 
 
 async def test_a_cascade_stream_with_parallel_tool_calls_passes_the_sdk_stream_helper(
@@ -249,7 +249,7 @@ async def test_a_cascade_records_inter_token_gaps_the_span_summary_and_fills_the
     ]
     assert texts == [f"tok{i} " for i in range(6)]
     # inter-token gaps of the small tier's replica were observed for the alias
-    assert await _metric(gw, "llm_gateway_inter_token_latency_seconds_count", 'model="auto"') >= 1
+    assert await metric([gw], "llm_gateway_inter_token_latency_seconds_count", model="auto") >= 1
     # the span carries the answer's summary (read from the relayed stream)
     spans = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
     assert spans and spans[-1].attributes is not None
@@ -273,16 +273,6 @@ TOOLS: Any = [
     }
     for name in ("tool_0", "tool_1")
 ]
-
-
-async def _metric(gw: RunningGateway, name: str, label: str) -> float:
-    async with aiohttp.ClientSession() as s, s.get(gw.root + "/metrics") as r:
-        text = await r.text()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name) and label in line
-    )
 
 
 @pytest.mark.parametrize("commit", [{"tokens": "whole"}, {"tokens": 2}])
@@ -315,7 +305,7 @@ async def test_a_tool_call_from_the_small_tier_is_an_answer_kept_like_any(
     ]
     assert names == ["tool_0"]
     assert large.fake.requests == []
-    assert await _metric(gw, "llm_gateway_tier_decisions_total", 'outcome="kept"') == 2
+    assert await metric([gw], "llm_gateway_tier_decisions_total", outcome="kept") == 2
 
 
 PRICED_TIERS: Any = [
@@ -346,22 +336,21 @@ async def test_an_escalation_is_counted_paid_and_traced_whatever_the_large_tier_
     with pytest.raises(openai.APIStatusError) as info:
         await gw.client.chat.completions.create(model="auto", messages=MESSAGES)
     assert info.value.status_code == 502
-    escalated = 'outcome="escalated"'
-    assert await _metric(gw, "llm_gateway_tier_decisions_total", escalated) == 1
+    assert await metric([gw], "llm_gateway_tier_decisions_total", outcome="escalated") == 1
     # 10 input and 4 output tokens at 1 and 2 $/Mtok
-    assert await _metric(gw, "llm_gateway_cost_usd_total", 'model="auto"') == pytest.approx(18e-6)
-    assert await _metric(gw, "llm_gateway_tokens_total", 'kind="input"') == 10
-    assert await _metric(gw, "llm_gateway_tokens_total", 'kind="output"') == 4
+    assert await metric([gw], "llm_gateway_cost_usd_total", model="auto") == pytest.approx(18e-6)
+    assert await metric([gw], "llm_gateway_tokens_total", kind="input") == 10
+    assert await metric([gw], "llm_gateway_tokens_total", kind="output") == 4
     failed = _request_spans(exporter)[-1]
     assert failed["gateway.cascade.escalated"] is True
     assert failed["gateway.tier"] == "large"  # asked, and failed
     # Answered by the large tier: both answers paid, both counted in tokens.
     await gw.client.chat.completions.create(model="auto", messages=MESSAGES)
-    assert await _metric(gw, "llm_gateway_tier_decisions_total", escalated) == 2
+    assert await metric([gw], "llm_gateway_tier_decisions_total", outcome="escalated") == 2
     cost = (18 + 18 + 20 * 10 + 2 * 20) * 1e-6  # both small answers, and the large one
-    assert await _metric(gw, "llm_gateway_cost_usd_total", 'model="auto"') == pytest.approx(cost)
-    assert await _metric(gw, "llm_gateway_tokens_total", 'kind="input"') == 10 + 10 + 20
-    assert await _metric(gw, "llm_gateway_tokens_total", 'kind="output"') == 4 + 4 + 2
+    assert await metric([gw], "llm_gateway_cost_usd_total", model="auto") == pytest.approx(cost)
+    assert await metric([gw], "llm_gateway_tokens_total", kind="input") == 10 + 10 + 20
+    assert await metric([gw], "llm_gateway_tokens_total", kind="output") == 4 + 4 + 2
     assert _request_spans(exporter)[-1]["gateway.tier"] == "large"
 
 
@@ -384,7 +373,7 @@ async def test_a_large_tier_failure_served_by_the_small_answer_is_traced_as_smal
     assert raw.headers["x-gateway-cost-usd"] == "0.000018"  # served once, paid once
     span = _request_spans(exporter)[-1]
     assert span["gateway.tier"] == "small" and span["gateway.tier.fallback"] is True
-    assert await _metric(gw, "llm_gateway_tokens_total", 'kind="output"') == 4
+    assert await metric([gw], "llm_gateway_tokens_total", kind="output") == 4
 
 
 async def test_a_cut_the_callers_max_tokens_made_is_not_escalated_for_it(
@@ -459,9 +448,9 @@ async def test_an_escalated_small_answer_is_lost_and_ends_when_it_was_judged(
     assert answered.attributes["gateway.attempt.outcome"] == "ok"
     assert lost.end_time is not None and answered.start_time is not None
     assert lost.end_time <= answered.start_time
-    small_attempts = 'llm_gateway_upstream_attempts_total{backend="small"'
-    assert await _metric(gw, small_attempts, 'outcome="lost"') == 1
-    assert await _metric(gw, small_attempts, 'outcome="ok"') == 0
+    small_attempts = "llm_gateway_upstream_attempts_total"
+    assert await metric([gw], small_attempts, backend="small", outcome="lost") == 1
+    assert await metric([gw], small_attempts, backend="small", outcome="ok") == 0
     assert_no_load_left(gw)
     exporter.clear()
     large.fake.queue("status:503")
