@@ -12,9 +12,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.limits.cost import Usage
+from gateway.limits.gcra import Rate
 from gateway.limits.grants import HEADROOM
 from gateway.limits.limiter import Admission, Limiter, LimitExceeded
 from gateway.limits.rules import BudgetRule, Keys, RateLimits, Subject
+from gateway.limits.store import AcquireRequest, BucketTake
 from gateway.limits.usage import UsageRecord
 from tests.cache.conftest import RedisServer
 from tests.gateway.limits.conftest import Clock, redis_store
@@ -62,6 +64,23 @@ async def debt_units(peek: aioredis.Redis, key: str) -> int:
     """A bucket's debt in units (requests or tokens) taken per minute."""
     raw = await peek.hget(key, "d")
     return int(raw or 0) // 60_000
+
+
+async def used_before(lim: Limiter, limits: RateLimits, units: int) -> None:
+    """``units`` of team-a's ``requests_per_minute`` taken before the test, in one check.
+
+    Why the tests of exact counts start with much of a larger limit used: the clock stands
+    still, so nothing refills, but Redis expires a bucket's key on its own clock, once its debt
+    would have drained in real time, plus a second (``gateway.limits.lua``; in production the
+    clock is Redis's and the two agree). At 3,000 a minute the 54 requests taken before the
+    burst below are 1.08 s of drain: a loaded machine whose loop stalled 2.1 s before the
+    burst's first check found the key gone and admitted them again (3,045 of 2,991; a 1.2 s
+    stall after the first checks of the steady test: 3,003 of 3,000). 3,000 of 6,000 used
+    keeps the key 31 s past any check, 2,000 of 2,127 56 s: longer than any stall."""
+    assert limits.requests_per_minute is not None
+    take = BucketTake(SCOPE + ":r", Rate(limits.requests_per_minute), units)
+    req = AcquireRequest((take,), now_ms=lim._now_ms())
+    assert (await lim.store.acquire(req)).admitted
 
 
 async def test_a_grant_admits_the_next_requests_in_memory_and_gives_back_the_rest(
@@ -138,7 +157,9 @@ async def test_near_a_limit_every_request_asks_redis(limiters: Factory) -> None:
     and a burst across instances admits exactly the limit, as without grants."""
     gateways = [limiters() for _ in range(3)]
     limit = 2 * HEADROOM - 1  # room for a grant of one: none is taken
-    subject = Subject("team-a", "chat", RateLimits(requests_per_minute=limit))
+    limits = RateLimits(requests_per_minute=2_000 + limit)
+    await used_before(gateways[0], limits, 2_000)  # ``used_before``: why
+    subject = Subject("team-a", "chat", limits)
     for i in range(30):
         await gateways[i % 3].admit(subject, 1)
     assert sum(g.granted for g in gateways) == 0
@@ -150,8 +171,10 @@ async def test_instances_with_grants_admit_exactly_the_limit(limiters: Factory) 
     """Three instances, each asking steadily until well past the limit: together they admit
     exactly the limit (the clock stands still: nothing refills), most of it from grants."""
     gateways = [limiters() for _ in range(3)]
-    limit = 3_000
-    subject = Subject("team-a", "chat", RateLimits(requests_per_minute=limit, max_concurrent=10**6))
+    limit = 3_000  # left of 6,000, half used before (``used_before``: why)
+    limits = RateLimits(requests_per_minute=2 * limit, max_concurrent=10**6)
+    await used_before(gateways[0], limits, limit)
+    subject = Subject("team-a", "chat", limits)
     admitted = [0, 0, 0]
 
     async def steady(n: int) -> None:
@@ -173,8 +196,10 @@ async def test_a_burst_after_steady_traffic_admits_exactly_the_limit(limiters: F
     arrives: the burst's requests use the grants or wait for the one on its way, so none is
     left unused while another instance refuses: exactly the limit, as without grants."""
     gateways = [limiters() for _ in range(3)]
-    limit = 3_000
-    subject = Subject("team-a", "chat", RateLimits(requests_per_minute=limit))
+    limit = 3_000  # left of 6,000, half used before (``used_before``: why)
+    limits = RateLimits(requests_per_minute=2 * limit)
+    await used_before(gateways[0], limits, limit)
+    subject = Subject("team-a", "chat", limits)
     for _ in range(3):
         for lim in gateways:
             await lim.admit(subject, 1)  # the second check of each instance takes a grant
