@@ -16,8 +16,10 @@ When the store is unavailable, nothing a tenant spent is lost and nothing is cou
 
 and both are written by the next successful settlement, or by ``flush`` (the limiter calls it
 every few seconds). A settlement the store failed alone (``ScriptError``: a bug, or an amount
-it cannot take) is dropped and counted in ``lost_records``: sent again it would fail again,
-and hold up every write queued behind it. Token adjustments, lease and hold releases are not kept: the buckets drain
+it cannot take) is not sent again and is counted in ``lost_records``: sent again it would
+fail again, and hold up every write queued behind it. Redis does not roll a failed script back,
+so such a settlement may be partly written (its first windows charged, the rest not). Token
+adjustments, lease and hold releases are not kept: the buckets drain
 and the leases and holds expire on their own (their holder stops renewing them), a hold
 erring on the safe side meanwhile (it holds more of the budget than is spent).
 

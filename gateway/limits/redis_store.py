@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from gateway.limits import lua
@@ -283,11 +284,20 @@ class RedisLimitStore:
         args: list[Arg] = [_arg(now_ms), ttl_ms, *(lease for _, lease in leases)]
         await self._call(_RENEW, keys, args)
 
+    async def _report(self, script: str, *keys_then_args: Arg) -> Any:
+        """A report's script (two keys), on the reports' own connection: one that Redis closed
+        since (a restart) is tried once more on a fresh one (the first report after a restart
+        was a 503)."""
+        try:
+            return await self._redis.eval(script, 2, *keys_then_args)
+        except RedisConnectionError:
+            return await self._redis.eval(script, 2, *keys_then_args)
+
     async def read_usage(self, key: str, now_ms: int | None = None) -> dict[str, int]:
         """The record's fields; its ``held$`` what the holds still live hold (those expired,
         their holder gone, are left out before the next check reclaims them)."""
         try:
-            raw = await self._redis.eval(lua.READ, 2, key, key + ":h", _arg(now_ms))
+            raw = await self._report(lua.READ, key, key + ":h", _arg(now_ms))
         except _ERRORS as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}") from exc
         *flat, held_text = raw

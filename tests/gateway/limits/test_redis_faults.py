@@ -439,3 +439,18 @@ async def test_the_usage_report_leaves_out_expired_holds(store: LimitStore, cloc
     # A release afterwards changes nothing.
     await store.settle(SettleRequest(holds=(gate.hold,), now_ms=clock.ms))  # type: ignore[arg-type]
     assert (await store.read_usage("{t}:u", clock.ms)).get(HELD, 0) == 0
+
+
+async def test_a_usage_report_after_a_redis_restart_is_read_on_a_fresh_connection(
+    redis_server: RedisServer,
+) -> None:
+    """The reports' pooled connection went stale in the restart: the first ``/admin/usage``
+    after Redis came back was a 503 (the probe's repro), the next ones 200."""
+    store = RedisLimitStore(redis_server.url, timeout_s=1.0)
+    try:
+        empty = await store.read_usage("{t}:u")
+        redis_server.stop()
+        redis_server.start()
+        assert await store.read_usage("{t}:u") == empty
+    finally:
+        await store.aclose()
