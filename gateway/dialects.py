@@ -20,6 +20,7 @@ from typing import Any
 
 from gateway.conversations import RecordTooLarge, ResponseStore, StoredResponse, StoreUnavailable
 from gateway.errors import error_bytes
+from gateway.observability.log_every import LogEvery
 from gateway.protocol import anthropic_messages_output as messages_out
 from gateway.protocol import upstream_json
 from gateway.protocol.anthropic_messages import MessagesRequest
@@ -45,6 +46,7 @@ from gateway.protocol.responses_stream import ResponsesStream
 from gateway.upstream.out import ClientStream
 
 log = logging.getLogger("llm_gateway.dialects")
+_unreadable = LogEvery(log)  # an upstream that sends one such answer sends them all
 _UNREADABLE_ANSWER = "the upstream's answer could not be read"
 MAX_OWNED = 16  # ids of objects one relayed response made that are recorded as the tenant's
 
@@ -55,7 +57,8 @@ def _retold(body: bytes, translate: Callable[[Any], dict[str, Any]]) -> dict[str
     try:
         return translate(upstream_json.loads(body))
     except UNREADABLE as exc:
-        log.warning("an upstream answer could not be re-told (%s)", type(exc).__name__)
+        kind = type(exc).__name__
+        _unreadable.warning(kind, "an upstream answer could not be re-told (%s)", kind)
         return None
 
 

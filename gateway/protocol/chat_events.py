@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Final
 
+from gateway.observability.log_every import LogEvery
 from gateway.protocol import upstream_json
 from gateway.protocol.sse import DONE as DONE_PAYLOAD
 from gateway.protocol.sse import EventSplitter, payloads
@@ -21,6 +22,7 @@ DONE: Final = "[DONE]"
 # structure too deep to write back as JSON...).
 UNREADABLE: Final = (LookupError, TypeError, AttributeError, ValueError, RecursionError)
 log = logging.getLogger("llm_gateway.dialects")
+_unreadable = LogEvery(log)  # an upstream that sends one such chunk sends them all
 
 
 class ChatEvents:
@@ -73,7 +75,8 @@ def retell(
                 try:
                     chunk(event)
                 except UNREADABLE as exc:
-                    log.warning(
-                        "an upstream stream chunk could not be re-told (%s)", type(exc).__name__
+                    kind = type(exc).__name__
+                    _unreadable.warning(
+                        kind, "an upstream stream chunk could not be re-told (%s)", kind
                     )
                     fail("the upstream sent a stream chunk the gateway could not read")

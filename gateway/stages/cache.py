@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.call import Call
+from gateway.observability.log_every import LogEvery
 from gateway.protocol import upstream_json
 from gateway.protocol.answers import assemble, finished, render_json
 from gateway.protocol.chat_events import UNREADABLE
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from policies.cache import CachePolicy, CacheStoreConfig
 
 log = logging.getLogger("llm_gateway.cache")
+_unreadable = LogEvery(log)  # one per kind of answer every 10 s
 
 MAX_STORED_BYTES = 4 * 1024 * 1024  # answers longer than this, streamed or not, are not cached
 # Fills waiting for the store or the embedder (each holds its answer, up to MAX_STORED_BYTES):
@@ -283,7 +285,8 @@ class CacheStage:
             try:
                 response = answer()
             except UNREADABLE as exc:  # the readers check shapes; this is the net under them
-                log.warning("an answer could not be read for the cache (%s)", type(exc).__name__)
+                kind = type(exc).__name__
+                _unreadable.warning(kind, "an answer could not be read for the cache (%s)", kind)
                 return
             if response is None:
                 return

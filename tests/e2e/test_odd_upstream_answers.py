@@ -19,6 +19,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway import dialects
+from gateway.observability.log_every import LogEvery
 from gateway.observability.otlp import Encoder, Exporter
 from gateway.observability.tracing import Telemetry
 from tests.cache.conftest import RedisServer
@@ -461,3 +463,26 @@ async def test_an_error_told_with_a_200_is_a_502_in_each_api(
             assert "hidden" not in json.dumps(answer)
     assert await metric([gw], "llm_gateway_upstream_attempts_total", outcome="bad_answer") == 3
     assert await metric([gw], "llm_gateway_requests_total", status="200") == 0
+
+
+async def test_answers_that_cannot_be_re_told_are_logged_once_per_kind_and_period(
+    odd_upstream: OddUpstream,
+    make_gateway: GatewayFactory,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An upstream that sends one answer the Messages API cannot tell sends them all: a line
+    per request buried the log (as the relay's own failures did); one per kind every 10 s."""
+    monkeypatch.setattr(dialects, "_unreadable", LogEvery(dialects.log))
+    answer = json.loads(_answer(False, USUAL_USAGE)[0].replace(ODD.encode(), b"x"))
+    odd_upstream.raw = json.dumps(answer)[:-1] + ', "x": ' + DEEP + "}"
+    gw = await make_gateway(pool_policy([odd_upstream.url]))
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    statuses = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(5):
+            async with session.post(gw.root + "/v1/messages", json=body) as r:
+                statuses.append(r.status)  # 529 once the replica is ejected for its answers
+    assert statuses.count(502) >= 2 and set(statuses) <= {502, 529}
+    told = [r for r in caplog.records if "could not be re-told" in r.getMessage()]
+    assert len(told) == 1
