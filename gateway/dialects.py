@@ -134,10 +134,12 @@ class ResponsesCall:
             return
         if self.passthrough is not None:
             if self.relayed_id is not None:  # with it, the reasoning items and containers it made
-                names = (self.relayed_id, *self.owned[:MAX_OWNED])
+                owned = self.owned[:MAX_OWNED]
                 await asyncio.gather(
-                    *(self._put(StoredResponse.ownership(self.tenant, n)) for n in names)
+                    *(self._put(StoredResponse.ownership(self.tenant, n)) for n in owned)
                 )
+                # Last: the store evicts the first written, never the response just returned.
+                await self._put(StoredResponse.ownership(self.tenant, self.relayed_id))
             return
         final = self.final
         if final is None:

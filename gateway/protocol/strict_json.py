@@ -123,7 +123,9 @@ def loads(raw: bytes) -> Any:
         raise BadRequest("request body starts with a byte order mark; send UTF-8 without one")
     structure: bytes | None = None
     if _values(raw) > MAX_VALUES and _values(structure := _structure(raw)) > MAX_VALUES:
-        raise PayloadTooLarge(f"request body holds more than {MAX_VALUES:,} JSON values")
+        raise PayloadTooLarge(
+            f"request body holds more than {MAX_VALUES:,} JSON values", code="body_too_large"
+        )
     try:
         value = _DECODER.decode(text)
     except _Reject as exc:

@@ -606,3 +606,22 @@ async def test_passthrough_relays_reasoning_items_and_containers_only_to_their_o
     finally:
         await as_b.close()
     assert len(up.fake.requests) == sent + 1  # only the self-contained one was relayed
+
+
+async def test_a_passthrough_response_is_never_evicted_by_the_ids_it_made(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, redis_server: RedisServer
+) -> None:
+    """Its reasoning item and container are records of the tenant too, counted in
+    ``max_entries``: written at once with the response's own, they evicted it (the owner's
+    next turn was 400 ``previous_response_not_found``). The response's record is written last."""
+    up = await make_fake(reasoning="thinking it over")
+    models = {"m": {"backend": "up", "model": "fake-model"}}
+    shared = f"shared_state: {{redis_url: '{redis_server.url}'}}\n{TENANTS}"
+    shared += "responses_store: {max_entries: 2}\n"
+    policy = build_policy({"up": vllm(up.url, responses="passthrough")}, models, shared)
+    gw = await make_gateway(policy, api_key=KEY_A)
+    tools: Any = [{"type": "code_interpreter", "container": {"type": "auto"}}]
+    for _ in range(5):
+        first = await gw.client.responses.create(model="m", input="Hi", tools=tools)
+        assert len(first.output) == 3  # a reasoning item, a call in a new container, a message
+        await gw.client.responses.create(model="m", input="Go on", previous_response_id=first.id)
