@@ -12,9 +12,10 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import FakeFactory, GatewayFactory, RunningGateway
+from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, serve
 from tests.e2e.anthropic_fake import API_KEY
 from tests.e2e.conftest import KEY_ENV, AnthropicFactory, RunningAnthropic
 from tests.e2e.limits_helpers import metric, settled
@@ -414,3 +415,30 @@ async def test_exact_cache_stores_and_replays_a_translated_stream(
     assert await ask() == ("Hello from the fake Claude.", "miss")
     assert await ask() == ("Hello from the fake Claude.", "exact")
     assert len(up.fake.requests) == 1
+
+
+async def test_a_200_without_a_message_is_the_replicas_bad_answer(
+    make_gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error object (or a page) answered with a 200: the chat client's 502, counted as the
+    replica's ``bad_answer`` as on every other path (it was ``http_5xx``: the translator made
+    it a 502 before the attempt was judged)."""
+
+    async def error_200(request: web.Request) -> web.Response:
+        body = {"type": "error", "error": {"type": "overloaded_error", "message": "hidden"}}
+        return web.json_response(body)
+
+    app = web.Application()
+    app.router.add_post("/v1/messages", error_200)
+    runner, url = await serve(app)
+    monkeypatch.setenv(KEY_ENV, API_KEY)
+    try:
+        gw = await make_gateway(anthropic_policy(url))
+        with pytest.raises(openai.InternalServerError) as refused:
+            await gw.client.chat.completions.create(model="c", messages=MESSAGES)
+        assert refused.value.status_code == 502 and "hidden" not in refused.value.message
+        attempts = "llm_gateway_upstream_attempts_total"
+        assert await metric([gw], attempts, outcome="bad_answer") >= 1
+        assert await metric([gw], attempts, outcome="http_5xx") == 0
+    finally:
+        await runner.cleanup()

@@ -180,14 +180,13 @@ def openai_error(status: int, raw: bytes) -> dict[str, Any]:
 
 
 def translate_body(status: int, raw: bytes, format_tool: str | None = None) -> tuple[int, bytes]:
-    """A whole answer: the status and OpenAI body to relay (502 for a 200 that is no message)."""
+    """A whole answer: the status and OpenAI body to relay. A 200 that is no message (an error
+    object, a page) raises ``ValueError``: the reader takes it as the replica's unreadable
+    answer (outcome ``bad_answer``, a 502), as it takes any other."""
     if status != 200:
         return status, json.dumps(openai_error(status, raw)).encode()
     try:
         data = upstream_json.loads(raw)
         return 200, json.dumps(chat_completion(data, format_tool=format_tool)).encode()
-    except (UnicodeDecodeError, ValueError, AttributeError):
-        body = error_body(
-            "the Anthropic API answered 200 without a message", "upstream_error", "bad_gateway"
-        )
-        return 502, json.dumps(body).encode()
+    except (UnicodeDecodeError, ValueError, AttributeError) as exc:
+        raise ValueError("the Anthropic API answered 200 without a message") from exc

@@ -115,11 +115,9 @@ def test_errors_keep_status_and_take_openai_shape() -> None:
     assert openai_error(401, b"")["error"]["type"] == "authentication_error"
 
 
-def test_a_200_that_is_no_message_becomes_502() -> None:
-    status, body = translate_body(200, b'{"unexpected": true}')
-    assert status == 502
-    error = json.loads(body)["error"]
-    assert (error["type"], error["code"]) == ("upstream_error", "bad_gateway")  # a string code
+def test_a_200_that_is_no_message_is_an_unreadable_answer() -> None:
+    with pytest.raises(ValueError, match="200 without a message"):
+        translate_body(200, b'{"unexpected": true}')
     ok_status, ok = translate_body(200, json.dumps(MESSAGE).encode())
     assert ok_status == 200 and json.loads(ok)["object"] == "chat.completion"
 
