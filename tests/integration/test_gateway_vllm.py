@@ -25,13 +25,26 @@ def pool_policy(pool: LocalVllmPool) -> str:
     return build_policy({"local": backend}, {"default": {"backend": "local"}})
 
 
-async def replica_metric(root_url: str, name: str) -> float:
+async def replica_metric(root_url: str, name: str, label: str = "") -> float:
+    """The sum of a replica's series `name`, only those whose labels hold `label` if given."""
     async with aiohttp.ClientSession() as s, s.get(root_url + "/metrics") as r:
         text = await r.text()
     total = 0.0
-    for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M):
-        total += float(m.group(1))
+    for m in re.finditer(rf"^{re.escape(name)}(?:{{([^}}]*)}})? ([0-9.e+-]+)$", text, re.M):
+        if label in (m.group(1) or ""):
+            total += float(m.group(2))
     return total
+
+
+async def wait_idle(roots: list[str]) -> None:
+    """Until no replica runs a request: an earlier test's last request counts before this one."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        running = [await replica_metric(r, "vllm:num_requests_running") for r in roots]
+        if not any(running):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"replicas still running requests: {running}")
 
 
 @pytest.fixture
@@ -153,12 +166,16 @@ async def test_client_disconnect_aborts_the_request_in_vllm(
         "temperature": 0,
         "ignore_eos": True,
     }
+    # vLLM counts a request that ran to its 1,500 tokens under finished_reason="length" and one
+    # aborted by its client under no reason at all; only "length" would show the abort was lost.
+    ran_out = 'finished_reason="length"'
+    await wait_idle([u.removesuffix("/v1") for u in vllm_pool.replicas])
     async with aiohttp.ClientSession() as s:
         resp = await s.post(gw.base_url + "/chat/completions", json=body)
         assert resp.status == 200
         replica = resp.headers["x-gateway-replica"].split("/", 1)[1]
         root = f"http://{replica}"
-        finished_before = await replica_metric(root, "vllm:request_success_total")
+        finished_before = await replica_metric(root, "vllm:request_success_total", ran_out)
         for _ in range(3):
             await resp.content.readline()
         seen_running = False
@@ -177,8 +194,7 @@ async def test_client_disconnect_aborts_the_request_in_vllm(
     assert await replica_metric(root, "vllm:num_requests_running") == 0
     if seen_running:
         assert elapsed < 1.5, f"vLLM still ran the request {elapsed:.2f}s after the client left"
-    # Aborted, not finished: vLLM counts a request that ran to its 1,500 tokens as a success,
-    # and an aborted one not at all (whether or not the gauge was caught at 1 above).
     await asyncio.sleep(0.5)
-    assert await replica_metric(root, "vllm:request_success_total") == finished_before
+    finished = await replica_metric(root, "vllm:request_success_total", ran_out)
+    assert finished == finished_before, f"ran to its end ({seen_running=}, {elapsed=:.2f})"
     assert gw.runtime.pools["local"].replicas[0].outstanding == 0
