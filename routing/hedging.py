@@ -24,9 +24,10 @@ late, so its hedges would mostly lose; a slow replica's is not. A wait longer th
 the replica recently did is always worth a hedge.
 
 ``HedgePolicy`` ties these together for one surface, and closes the loop on the latency
-tracker: the hedge goes to the given replica (the least loaded other one: asking the router
-would move its turn) unless that replica is predicted slower than the typical candidate (then
-to the one predicted fastest), and the attempt that lost a race
+tracker: the hedge goes to the given replica (the router's ``peek`` among the others, which
+moves no turn: a prefix router's replica holding the prompt's prefix; else the least loaded
+other one) unless that replica is predicted slower than the typical candidate (then to the one
+predicted fastest), and the attempt that lost a race
 is recorded as censored (``ReplicaLatency.observe_lost``), so a replica whose attempts keep
 being cancelled predicts slow instead of looking fast and idle.
 """
@@ -140,8 +141,9 @@ class HedgePolicy:
         return self.budget.try_hedge()
 
     def target(self, pick: Replica, rest: Sequence[Replica]) -> Replica:
-        """Where the hedge goes: ``pick`` (the least loaded other replica) unless it is predicted
-        slower than the typical candidate; then the one predicted fastest."""
+        """Where the hedge goes: ``pick`` (the router's pick among the other replicas, or the
+        least loaded of them) unless it is predicted slower than the typical candidate; then
+        the one predicted fastest."""
         predicted = [(p, r) for r in rest if (p := self.latency.predict(r)) is not None]
         if len(predicted) < 2:
             return pick

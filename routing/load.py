@@ -57,19 +57,23 @@ class SmoothedLoads:
         self._value: dict[str, float] = {}
         self._at: float | None = None
 
-    def update(self, replicas: Sequence[Replica], loads: Sequence[float]) -> list[float]:
+    def update(
+        self, replicas: Sequence[Replica], loads: Sequence[float], *, keep: bool = True
+    ) -> list[float]:
+        """The smoothed loads with ``loads`` taken in; kept unless ``keep`` is False (a router
+        asked where it would send a request, not sending it)."""
         now = self.clock()
         if self.tau_s <= 0 or self._at is None:
             alpha = 1.0
         else:
             alpha = 1.0 - math.exp(-max(now - self._at, 0.0) / self.tau_s)
-        self._at = now
         out: list[float] = []
         for r, load in zip(replicas, loads, strict=True):
             old = self._value.get(r.name)
-            value = load if old is None else old + alpha * (load - old)
-            self._value[r.name] = value
-            out.append(value)
+            out.append(load if old is None else old + alpha * (load - old))
+        if keep:
+            self._at = now
+            self._value.update(zip((r.name for r in replicas), out, strict=True))
         return out
 
 
@@ -83,6 +87,7 @@ class LoadView:
         replicas: Sequence[Replica],
         settings: BalanceSettings,
         smoothed: SmoothedLoads | None = None,
+        keep: bool = True,  # False: the smoothed loads are read, not updated
     ) -> None:
         self.settings = settings
         self.loads = [replica_load(r) for r in replicas]
@@ -91,7 +96,7 @@ class LoadView:
             self._relative, self._extra = self.loads, 1.0
         else:
             # Smoothed loads are averages over time: one more request is not a step in them.
-            self._relative, self._extra = smoothed.update(replicas, self.loads), 0.0
+            self._relative, self._extra = smoothed.update(replicas, self.loads, keep=keep), 0.0
         n = max(len(self.loads), 1)
         total = sum(self._relative) + self._extra
         self._bound = (1.0 + settings.epsilon) * total / n + settings.slack

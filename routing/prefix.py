@@ -44,6 +44,8 @@
 #
 # `matched_prefix` in the decision is the chosen replica's match in characters (approximate) or
 # tokens (precise); `details` carries best_match, load, mean_load and candidates for tracing.
+# `peek` answers as `choose` would, recording nothing (no chain indexed, no prefill work, no
+# turn, no smoothed load): a hedge asks it for its second replica, among the other replicas.
 #
 # Settings (policies/routing.py validates them and holds the defaults):
 #   chunk_chars          characters per chunk (approximate, 64): small enough that a short
@@ -243,32 +245,38 @@ class PrefixAwareRouter:
             return None
         self._turn += 1
         probe = self.index.probe(request)
-        view = LoadView(replicas, self.balance, self.smoothed)
-        matches = [probe.matched(r) for r in replicas]
-        best = max(matches)
-        everyone = list(range(len(replicas)))
-        if best < self.min_match:
-            i = self._coldest(replicas, view)
-            reason = "cold"
-        else:
-            fit = [i for i, r in enumerate(replicas) if not view.overloaded(i, r)]
-            if not fit:
-                i = least_loaded_index(view.loads, everyone, self._turn)
-                reason = "load"
-            else:
-                top = max(matches[i] for i in fit)
-                i = least_loaded_index(
-                    view.loads, [i for i in fit if matches[i] == top], self._turn
-                )
-                reason = "prefix" if top == best else "load"
+        i, reason, matches = self._decide(
+            replicas, probe, LoadView(replicas, self.balance, self.smoothed)
+        )
         chosen = replicas[i]
         probe.record(chosen)
         self.work.add(chosen.name, (probe.total(chosen) - matches[i]) * probe.unit_size)
-        return RoutingDecision(
-            replica=chosen,
-            reason=reason,
-            matched_prefix=matches[i] * probe.unit_size,
-        )
+        return RoutingDecision(chosen, reason, matches[i] * probe.unit_size)
+
+    def peek(self, replicas: Sequence[Replica], request: RoutingRequest) -> RoutingDecision | None:
+        """What ``choose`` would decide, with nothing recorded (``routing.router.Peeks``): the
+        longest match that is not overloaded is where a hedge finds the prefix cached."""
+        if not replicas:
+            return None
+        probe = self.index.probe(request)
+        view = LoadView(replicas, self.balance, self.smoothed, keep=False)
+        i, reason, matches = self._decide(replicas, probe, view)
+        return RoutingDecision(replicas[i], reason, matches[i] * probe.unit_size)
+
+    def _decide(
+        self, replicas: Sequence[Replica], probe: PrefixProbe, view: LoadView
+    ) -> tuple[int, str, list[int]]:
+        """The chosen replica's index, the reason, and every replica's match."""
+        matches = [probe.matched(r) for r in replicas]
+        best = max(matches)
+        if best < self.min_match:
+            return self._coldest(replicas, view), "cold", matches
+        fit = [i for i, r in enumerate(replicas) if not view.overloaded(i, r)]
+        if not fit:
+            return least_loaded_index(view.loads, range(len(replicas)), self._turn), "load", matches
+        top = max(matches[i] for i in fit)
+        i = least_loaded_index(view.loads, [i for i in fit if matches[i] == top], self._turn)
+        return i, "prefix" if top == best else "load", matches
 
 
 class ApproximatePrefixRouter(PrefixAwareRouter):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from routing.replica import Replica
 
@@ -32,3 +32,14 @@ class Router(Protocol):
     ) -> RoutingDecision | None:
         """Pick one of ``replicas`` (already filtered to available ones), or None if empty."""
         ...
+
+
+@runtime_checkable
+class Peeks(Protocol):
+    """A router that can tell where it would send a request without recording it (no turn
+    moved, nothing indexed): a hedge asks it for its second replica. The prefix routers do:
+    the hedge then goes where the prompt's prefix is cached, not merely to the least loaded."""
+
+    def peek(
+        self, replicas: Sequence[Replica], request: RoutingRequest
+    ) -> RoutingDecision | None: ...

@@ -16,12 +16,14 @@ When the store is unavailable, nothing a tenant spent is lost and nothing is cou
 
 and both are written by the next successful settlement, or by ``flush`` (the limiter calls it
 every few seconds). A settlement the store failed alone (``ScriptError``: a bug, or an amount
-it cannot take) is not sent again and is counted in ``lost_records``: sent again it would
-fail again, and hold up every write queued behind it. Redis does not roll a failed script back,
-so such a settlement may be partly written (its first windows charged, the rest not). Token
-adjustments, lease and hold releases are not kept: the buckets drain
-and the leases and holds expire on their own (their holder stops renewing them), a hold
-erring on the safe side meanwhile (it holds more of the budget than is spent).
+it cannot take) is not sent again and its records are counted in ``lost`` (on ``/metrics`` as
+``llm_gateway_limits_records_lost_total{reason="script_error"}``; records past
+``MAX_PENDING_RECORDS`` as ``pending_full``): sent again it would fail again, and hold up every
+write queued behind it. Redis does not roll a failed script back, so such a settlement may be
+partly written (its first windows charged, the rest not). Token adjustments, lease and hold
+releases are not kept: the buckets drain and the leases and holds expire on their own (their
+holder stops renewing them), a hold erring on the safe side meanwhile (it holds more of the
+budget than is spent).
 
 A request that holds nothing (its tenant has no limit and no budget) only adds usage: ``defer``
 merges it into ``pending`` the same way, and the limiter flushes within a quarter second, so
@@ -88,6 +90,7 @@ class Ledger:
         id_prefix: str,
         on_alert: Callable[[BudgetAlert], None] | None = None,
         alert_counts: dict[tuple[str, str, str], int] | None = None,  # kept across limiters
+        lost: dict[str, int] | None = None,  # reason -> records never written; kept too
     ) -> None:
         self.store = store
         self.keys = keys
@@ -102,7 +105,7 @@ class Ledger:
         self._pending_count = 0
         self._uncertain: list[tuple[SettleRequest, list[_Entry]]] = []
         self._flushing = False
-        self.lost_records = 0
+        self.lost = {} if lost is None else lost
         self.uncertain_merged = 0
         self.alerts_fired = 0
         # (tenant, window, fraction) -> alerts fired
@@ -177,7 +180,7 @@ class Ledger:
                 spends = await self.store.settle(req)
             except ScriptError:
                 self._uncertain.pop(0)
-                self.lost_records += len(entries)
+                self._lose("script_error", len(entries))
                 continue
             except StoreUnavailable:
                 return
@@ -215,7 +218,7 @@ class Ledger:
         try:
             spends = await self.store.settle(req)
         except ScriptError:  # logged by the store; sent again, it would fail again
-            self.lost_records += len(entries)
+            self._lose("script_error", len(entries))
             return True
         except StoreUnavailable as exc:
             if exc.maybe_applied and len(self._uncertain) < MAX_UNCERTAIN:
@@ -227,6 +230,9 @@ class Ledger:
             return False
         self._answered(entries, spends)
         return True
+
+    def _lose(self, reason: str, records: int) -> None:
+        self.lost[reason] = self.lost.get(reason, 0) + records
 
     def _answered(self, entries: list[_Entry], spends: tuple[int, ...] | None) -> None:
         self.on_success()
@@ -247,7 +253,7 @@ class Ledger:
         pending = records.get(key)
         if pending is None:
             if self._pending_count >= MAX_PENDING_RECORDS:
-                self.lost_records += 1
+                self._lose("pending_full", 1)
                 return
             records[key] = _Pending(key, subject, window, dict(fields))
             self._pending_count += 1

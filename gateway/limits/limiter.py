@@ -133,7 +133,7 @@ class Limiter:
         self._outage = False
         self.ledger = Ledger(
             store, self.keys, self.now_s, self._now_ms, self._lease_prefix + "-s", on_alert,
-            self.counts.alerts,
+            self.counts.alerts, self.counts.records_lost,
         )  # fmt: skip
         self.ledger.on_success = self._recovered
         # Redis may be gone: what grants hold is not admitted any more (a request then asks the

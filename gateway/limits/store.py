@@ -44,6 +44,8 @@ class LimitCounts:
     unavailable: dict[str, int] = field(default_factory=dict)  # direction (open, closed) -> n
     alerts: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (tenant, window, %)
     undos_dropped: int = 0  # undos of lost Redis checks dropped past ``MAX_UNDOS``
+    # usage records never written, by why: ``script_error``, ``pending_full`` (the ledger's)
+    records_lost: dict[str, int] = field(default_factory=dict)
 
 
 class StoreUnavailable(Exception):

@@ -22,16 +22,22 @@ kept encoded whole and costs one lookup; the rest (ids, token counts, timings) a
 straight from their values (``Encoder``).
 
 Batches: the thread wakes every ``schedule_s`` (or as soon as ``batch_size`` spans are ready)
-and sends up to ``batch_size`` spans (and ``BATCH_BYTES`` of them) per request (``Exporter`` delivers any batch function: OTLP
-here, or a caller's OpenTelemetry SDK exporter in ``gateway.observability.tracing``, which gets
-the records themselves). At most ``max_queue`` spans wait, encoded or not; beyond that spans are
-dropped and counted (``dropped``; a warning is logged when the queue fills). A failed send is
-retried once after ``retry_s``; then the batch is dropped and counted. A batch sent whole that
-the collector did not answer for within the sender's timeout (10 s) may have been received: it
-is not sent again (a collector does not remove duplicates) and is counted apart
-(``unconfirmed``), not as dropped. The counts are exported as
-``llm_gateway_trace_spans_dropped_total`` and ``llm_gateway_trace_spans_unconfirmed_total``
-(``tracing.SpanDropCollector``).
+and sends up to ``batch_size`` spans (and ``BATCH_BYTES`` of them) per request (``Exporter``
+delivers any batch function: OTLP here, or a caller's OpenTelemetry SDK exporter in
+``gateway.observability.tracing``, which gets the records themselves). At most ``max_queue``
+spans wait, encoded or not, and at most ``max_queue_bytes`` of encoded spans are held, waiting
+or in the batch being sent: with ``record_content`` a span carries up to 8,192 characters per
+attribute, and 8,192 such spans held for a hung collector would be ~64 MB. (The bytes are
+counted once encoded: records waiting for their loop callback, a chunk or so, are not, nor the
+records a caller's exporter takes, whose size is not known.) Beyond either bound spans are
+dropped and counted (``dropped``; a warning is logged when the queue fills): a span that does
+not fit is dropped once encoded, and while the bytes are at the bound new spans are dropped
+before it, at the cost of one comparison. A failed send is retried once after ``retry_s``; then
+the batch is dropped and counted. A batch sent whole that the collector did not answer for
+within the sender's timeout (10 s) may have been received: it is not sent again (a collector
+does not remove duplicates) and is counted apart (``unconfirmed``), not as dropped. The counts
+are exported as ``llm_gateway_trace_spans_dropped_total`` and
+``llm_gateway_trace_spans_unconfirmed_total`` (``tracing.SpanDropCollector``).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Sized
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -96,6 +102,10 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 # A batch holds at most this many bytes of encoded spans (and at least one span): well under a
 # collector's usual limit on a request (the OpenTelemetry Collector's: 20 MiB).
 BATCH_BYTES = 4 * 1024 * 1024
+# Encoded spans the export holds at most (waiting, and the batch being sent): a span without
+# content is a few hundred bytes, so the count bound (8,192) comes first unless spans carry
+# content (``record_content``: up to 8,192 characters an attribute).
+MAX_QUEUE_BYTES = 16 * 1024 * 1024
 _CHUNK = 32  # records encoded by one loop callback...
 _CHUNK_S = 0.001  # ...unless it has taken this long (an answer of 64 KiB takes ~0.3 ms to read)
 _KIND_TIMES = struct.Struct("<BBBQBQ")  # kind (a one-byte varint), start and end times
@@ -503,12 +513,13 @@ class Exporter:
         self,
         deliver: Deliver,
         *,
-        prepare: Callable[[SpanRecord], Any] | None = None,
+        prepare: Callable[[SpanRecord], Sized] | None = None,  # its len(): bytes held
         chunk: int = _CHUNK,
         schedule_s: float = 1.0,
         batch_size: int = 512,
         batch_bytes: int = BATCH_BYTES,
         max_queue: int = 8192,
+        max_queue_bytes: int = MAX_QUEUE_BYTES,
         retry_s: float = 1.0,
         close: Callable[[], None] | None = None,
     ) -> None:
@@ -523,6 +534,9 @@ class Exporter:
         self._batch_size = batch_size
         self._batch_bytes = batch_bytes
         self._max_queue = max_queue
+        self._max_bytes = max_queue_bytes
+        # bytes of encoded spans held, waiting or being sent (changed under ``_idle``)
+        self.held_bytes = 0
         self._retry_s = retry_s
         self._failures = LogEvery(log)  # one line per 10 s while the collector is down
         self._wake = threading.Event()
@@ -546,14 +560,8 @@ class Exporter:
         """On the event loop: one append (a callback per ``chunk`` records, a wake-up per
         batch)."""
         records = self._records
-        if len(records) + len(self._queue) >= self._max_queue:
-            self.dropped += 1
-            if not self._full:  # told once per spell of a full queue, not once per span
-                self._full = True
-                log.warning(
-                    "the trace export queue is full (%d spans): spans are dropped and counted in"
-                    " llm_gateway_trace_spans_dropped_total", self._max_queue,
-                )  # fmt: skip
+        if len(records) + len(self._queue) >= self._max_queue or self.held_bytes >= self._max_bytes:
+            self._drop_full()  # by bytes: before it is encoded
             return
         self._full = False
         if self._prepare is None:
@@ -569,6 +577,19 @@ class Exporter:
                 return
             self._scheduled = True
             loop.call_soon(self._prepare_chunk)
+
+    def _drop_full(self) -> None:
+        self.dropped += 1
+        # Told once per spell of a full queue, not once per span, and at most once per 10 s:
+        # spells by bytes can be short (a large span dropped, a small one queued).
+        if not self._full:
+            self._full = True
+            self._failures.warning(
+                "full",
+                "the trace export queue is full (%d spans or %d bytes): spans are dropped and"
+                " counted in llm_gateway_trace_spans_dropped_total",
+                self._max_queue, self._max_bytes,
+            )  # fmt: skip
 
     def _ready(self, item: Any) -> None:
         queue = self._queue
@@ -593,6 +614,8 @@ class Exporter:
             return
         with self._idle:  # a record taken but not yet queued still counts for force_flush
             self._in_flight += 1
+        room = self._max_bytes - self.held_bytes  # the lock is taken once, at the end
+        added = 0
         try:
             n = 0
             while records and (limit is None or n < limit):
@@ -607,11 +630,16 @@ class Exporter:
                     self.dropped += 1
                     log.exception("a span could not be encoded")
                     continue
+                if added + len(item) > room:
+                    self._drop_full()
+                    continue
+                added += len(item)
                 ready(item)
                 if deadline is not None and time.perf_counter() > deadline:
                     return
         finally:
             with self._idle:
+                self.held_bytes += added
                 self._in_flight -= 1
                 self._idle.notify_all()
 
@@ -638,6 +666,7 @@ class Exporter:
                 self._send(batch)
             finally:
                 with self._idle:
+                    self.held_bytes -= size
                     self._in_flight -= 1
                     self._idle.notify_all()
 

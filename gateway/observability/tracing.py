@@ -44,6 +44,7 @@ from gateway.observability.otlp import (
 from gateway.observability.spans import (
     NOOP_ATTEMPT,
     NOOP_REQUEST,
+    UPSTREAM_RESPONSE_ID,
     AttemptSpan,
     DeferredRequestSpan,
     RequestSpan,
@@ -141,6 +142,12 @@ def body_attributes(body: bytes, client_id: str | None = None) -> tuple[str, Any
     return (_ANSWER, body) if client_id is None else (_RETOLD, (body, client_id))
 
 
+def hit_attributes(body: bytes, client_id: str | None) -> tuple[str, Any]:
+    """A cache hit's, as ``body_attributes``, without ``gateway.upstream.response_id``: the
+    replayed answer's id is the gateway's (no upstream made it)."""
+    return (_HIT, (body, client_id))
+
+
 def _answer_attributes(body: bytes, client_id: str | None = None) -> dict[str, Any]:
     summary = summarize_body(body)
     return response_attributes(summary.model, summary.response_id, summary.input_tokens,
@@ -152,9 +159,16 @@ def _retold_attributes(answer: tuple[bytes, str]) -> dict[str, Any]:
     return _answer_attributes(*answer)
 
 
-_ANSWER, _RETOLD = "answer", "retold answer"
+def _hit_attributes(answer: tuple[bytes, str | None]) -> dict[str, Any]:
+    attributes = _answer_attributes(*answer)
+    attributes[UPSTREAM_RESPONSE_ID] = None  # a None attribute is not sent
+    return attributes
+
+
+_ANSWER, _RETOLD, _HIT = "answer", "retold answer", "cache hit"
 lazy(_ANSWER, _answer_attributes)
 lazy(_RETOLD, _retold_attributes)
+lazy(_HIT, _hit_attributes)
 
 
 class Telemetry(Tracer):

@@ -17,6 +17,7 @@ place a cost is rounded (``gateway.limits.cost``).
 | ``llm_gateway_limits_unavailable_total`` (decisions taken while the limit store was down) | direction |
 | ``llm_gateway_limits_granted_total`` (limited requests admitted from a grant, no store call) | - |
 | ``llm_gateway_limits_undos_dropped_total`` (lost checks' undos dropped past 10,000 waiting) | - |
+| ``llm_gateway_limits_records_lost_total`` (usage records never written) | reason |
 | ``llm_gateway_upstream_rate_limited_total`` (429s from a backend) | backend |
 | ``llm_gateway_upstream_rate_limit_wait_seconds`` (waiting for a backend's limit to reset) | backend |
 """
@@ -143,7 +144,17 @@ class LimiterCollector(Collector):
             "(what they took expires after lease_ttl_s)",
         )
         dropped.add_metric([], counts.undos_dropped)
+        lost = CounterMetricFamily(
+            "llm_gateway_limits_records_lost",
+            "Usage records (a tenant's day, week or month) never written to the limit store: "
+            "script_error (its settlement failed in Redis's script: not sent again), "
+            "pending_full (kept while Redis was away, past 10,000 records waiting)",
+            labels=["reason"],
+        )
+        for reason, count in counts.records_lost.items():
+            lost.add_metric([reason], count)
         yield alerts
         yield down
         yield granted
         yield dropped
+        yield lost

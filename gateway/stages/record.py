@@ -27,7 +27,7 @@ from gateway.errors import GatewayError
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import RequestTiming, SloTracker
 from gateway.observability.summary import ResponseSummary, StreamSummarizer, summarize_body
-from gateway.observability.tracing import RequestSpan, body_attributes
+from gateway.observability.tracing import RequestSpan, body_attributes, hit_attributes
 from gateway.stages.cache import Lookup, StreamCapture
 from gateway.upstream.relay import Relayed
 from routing.latency import queue_of
@@ -43,8 +43,8 @@ class Recorder:
 
     def cached(self, call: Call, answer: bytes) -> None:
         """A cache hit's span: the answer as replayed (the stored model and finish, the id its
-        client got, no tokens), and the cache as the replica that served it."""
-        call.span.response_later(body_attributes(answer, _client_id(call)))
+        client got, no tokens, no upstream's id), and the cache as the replica that served it."""
+        call.span.response_later(hit_attributes(answer, _client_id(call)))
         if call.span.keeps_decisions:
             call.span.decision({"replica": "cache"})
 

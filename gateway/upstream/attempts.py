@@ -4,10 +4,11 @@ Order per target (the model's backend, then each fallback): the router chooses a
 available replicas; with ``budget_routing`` a replica predicted to miss the TTFT budget yields
 to one predicted to meet it; with ``cap_output`` ``max_tokens`` is lowered so the answer fits
 ``total_ms``; with hedging, if no first chunk has come by the hedge delay, the same request goes
-to a second replica (the least loaded of the others not paced after a 429, unless the latency
-tracker predicts it slow; never asked of the router, whose turn would move) and the first to
-produce a chunk wins (the other is closed at once, so its replica aborts it, and
-its elapsed time is recorded as a lower bound of that replica's TTFT). A failure before the
+to a second replica (among the others not paced after a 429: the router's ``peek``, which
+moves no turn and records nothing, where it has one (a prefix router: the replica holding the
+prompt's prefix), else the least loaded; unless the latency tracker predicts it slow) and the
+first to produce a chunk wins (the other is closed at once, so its replica aborts it, and its
+elapsed time is recorded as a lower bound of that replica's TTFT). A failure before the
 first byte (connect error, 5xx) moves on to another replica once, then to the next target.
 Time-outs end the request (504): retrying would double the wait.
 
@@ -63,7 +64,7 @@ from routing.admission import VLLM_PRIORITY
 from routing.latency import choose_for_budget
 from routing.pool import BackendPool
 from routing.replica import LoadGuard, Replica
-from routing.router import RoutingDecision, RoutingRequest
+from routing.router import Peeks, RoutingDecision, RoutingRequest
 
 log = logging.getLogger("llm_gateway.upstream")
 # A failing replica fails every request sent to it: one line per replica and outcome every 10 s.
@@ -108,7 +109,7 @@ class AttemptOpener:
                 turn += 1
                 try:
                     attempt = await self._attempt(
-                        call, target, decision, candidates, turn - 1, tried
+                        call, target, routing, decision, candidates, turn - 1, tried
                     )
                 except AttemptFailed as exc:
                     # The operator's line names the replica; the caller's never does.
@@ -211,6 +212,7 @@ class AttemptOpener:
         self,
         call: Call,
         target: Destination,
+        routing: RoutingRequest,
         decision: RoutingDecision,
         candidates: list[Replica],
         turn: int,
@@ -240,12 +242,18 @@ class AttemptOpener:
             rest = [r for r in rest if _has_room(r, pool)] or rest
             if not rest:
                 raise AttemptFailed("no_replica", "no replica left to hedge on", True)
-            # Not the router's choice: asking it moves its turn, so the next request's primary
-            # would land where this one's did (a slow replica, every time).
-            least = min(rest, key=lambda r: r.outstanding)
-            target_replica = hedge.target(least, rest)
-            reason = "least_loaded" if target_replica is least else "hedge_latency"
-            choice = RoutingDecision(target_replica, reason, 0)
+            # Not the router's ``choose``: it moves its turn, so the next request's primary
+            # would land where this one's did (a slow replica, every time). A router that
+            # ``Peeks`` says where it would go with nothing recorded (a prefix router: where
+            # the prompt's prefix is cached); any other, the least loaded.
+            router = pool.router
+            advice = router.peek(rest, routing) if isinstance(router, Peeks) else None
+            if advice is None:
+                advice = RoutingDecision(min(rest, key=lambda r: r.outstanding), "least_loaded")
+            target_replica = hedge.target(advice.replica, rest)
+            choice = advice
+            if target_replica is not advice.replica:
+                choice = RoutingDecision(target_replica, "hedge_latency", 0)
             tried.add(target_replica.base_url)
             sent.append((target_replica, time.perf_counter()))
             try:

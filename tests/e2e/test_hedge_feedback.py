@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from routing.prefix import ApproximatePrefixRouter, text_chain
+from routing.prompt_text import render_chat
 from tests.conftest import (
     FakeFactory,
     GatewayFactory,
@@ -120,3 +122,36 @@ async def test_the_hedge_skips_a_replica_that_asked_to_wait(
         hedged += headers.get("x-gateway-hedge") == "hedge"
     assert len(paced.fake.requests) == 1  # its 429, moved on to another replica
     assert hedged >= 1  # a primary on the slow replica was hedged, on the fast one
+
+
+async def test_with_a_prefix_router_the_hedge_goes_where_the_prefix_is_cached(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """The primary goes to A, which holds the whole prompt's prefix; A is slow. C holds most of
+    it, B none: the hedge asks the router (with nothing recorded) and goes to C. Before: the
+    least loaded other replica, B (every replica idle: the first listed)."""
+    slow_a = await make_fake(latency_ms=3000, chunks=2)
+    cold_b = await make_fake(chunks=2)
+    warm_c = await make_fake(chunks=2)
+    backend = vllm(slow_a.url, cold_b.url, warm_c.url, routing={"strategy": "prefix"})
+    gw = await make_gateway(build_policy({"up": backend}, MODELS, "surfaces:\n" + SURFACE))
+    pool = gw.runtime.pools["up"]
+    router = pool.router
+    assert isinstance(router, ApproximatePrefixRouter)
+    messages: Any = [
+        {"role": "system", "content": "You answer questions about the tax code. " * 8},
+        {"role": "user", "content": "What may a household deduct?"},
+    ]
+    chain = text_chain(render_chat(messages), router.chunks.chunk_chars)
+    assert len(chain) >= 4
+    names = {r.base_url: r.name for r in pool.replicas}
+    router.chunks.record(names[slow_a.url], chain)
+    router.chunks.record(names[warm_c.url], chain[:-2])
+    raw = await gw.client.chat.completions.with_raw_response.create(
+        model="m", messages=messages, stream=True, extra_headers={"X-Surface": "chat"}
+    )
+    _ = [c async for c in raw.parse()]
+    assert raw.headers["x-gateway-hedge"] == "hedge"
+    assert raw.headers["x-gateway-replica"] == f"up/{names[warm_c.url]}"
+    assert (len(slow_a.fake.requests), len(cold_b.fake.requests)) == (1, 0)
+    assert len(warm_c.fake.requests) == 1

@@ -297,3 +297,33 @@ async def test_a_reload_that_replaces_telemetry_keeps_the_spans_of_requests_in_f
     async with aiohttp.ClientSession() as session, session.get(gw.root + "/metrics") as r:
         metrics = await r.text()
     assert "llm_gateway_trace_spans_dropped_total 0.0" in metrics
+
+
+async def test_a_cache_hit_carries_no_upstream_response_id(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, otlp_receiver: tuple[OtlpReceiver, str]
+) -> None:
+    """A Responses client's answer re-told from chat: a live one's span carries the upstream's
+    id beside the client's; a cache hit's only the id its client got (the replayed answer's id
+    is the gateway's: no upstream made it)."""
+    receiver, endpoint = otlp_receiver
+    fake = await make_fake()
+    telemetry = {"enabled": True, "endpoint": endpoint, "sample_ratio": 1.0}
+    cached = {"default": {"cache": {"exact": True}}}
+    gw = await make_gateway(pool_policy([fake.url], telemetry=telemetry, surfaces=cached))
+    live = await gw.client.responses.create(model="m", input="hi", temperature=0)
+    assert gw.runtime.cache is not None
+    await gw.runtime.cache.drain()
+    hit = await gw.client.responses.with_raw_response.create(model="m", input="hi", temperature=0)
+    assert hit.headers["x-gateway-cache"] == "exact" and len(fake.fake.requests) == 1
+    deadline = time.monotonic() + 20.0
+    while len(roots := [s for _, s in receiver.spans if s.kind == SERVER]) < 2:
+        assert time.monotonic() < deadline, "the spans never arrived"
+        await asyncio.sleep(0.1)
+    second, first = sorted(
+        (attrs(s) for s in roots), key=lambda a: a.get("gateway.replica") != "cache"
+    )
+    assert first["gen_ai.response.id"] == live.id
+    assert first["gateway.upstream.response_id"] == "fake-1"
+    assert second["gateway.replica"] == "cache"
+    assert second["gen_ai.response.id"] == hit.parse().id
+    assert "gateway.upstream.response_id" not in second

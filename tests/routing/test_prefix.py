@@ -186,3 +186,29 @@ def test_new_prefixes_avoid_the_replica_with_the_most_recent_prefill_work() -> N
     for tag in ("n1", "n2", "n3"):
         d = r.choose(replicas, req(system_prompt(tag, 1000)))
         assert d is not None and d.reason == "cold" and d.replica is not loaded[0]
+
+
+def test_peek_tells_the_choice_and_records_nothing() -> None:
+    """What a hedge asks: the same answer as ``choose``, with no prefix indexed, no prefill
+    work counted, no turn moved and no smoothed load taken in."""
+    clock = Clock()
+    r = router(balance=LOOSE, load_smoothing_s=10.0, clock=clock)
+    replicas = pool(3)
+    sp = system_prompt("peek")
+    home = r.choose(replicas, req(sp + " q0"))
+    assert home is not None
+    others = [x for x in replicas if x is not home.replica]
+    before = (r._turn, r.chunks.size(others[0].name), r.chunks.size(others[1].name))
+    smoothed = dict(r.smoothed._value)
+    clock.t = 5.0
+    work = {x.name: r.work.value(x.name) for x in replicas}
+    others[1].outstanding = 3
+    for _ in range(3):
+        peeked = r.peek(replicas, req(sp + " q1"))
+        assert peeked is not None and peeked.replica is home.replica and peeked.reason == "prefix"
+        cold = r.peek(others, req(sp + " q1"))  # the prefix is nowhere else: the least loaded
+        assert cold is not None and cold.replica is others[0] and cold.reason == "cold"
+    assert (r._turn, r.chunks.size(others[0].name), r.chunks.size(others[1].name)) == before
+    assert r.smoothed._value == smoothed
+    assert {x.name: r.work.value(x.name) for x in replicas} == work
+    assert r.peek([], req(sp)) is None

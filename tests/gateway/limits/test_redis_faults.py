@@ -397,8 +397,9 @@ async def test_a_limiter_answers_a_failed_check_alone_and_drops_a_failed_settlem
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The request whose check failed gets the configured direction (here: admitted without
-    limits), and the others keep theirs; a settlement that fails in its script is dropped
-    (counted), not resent forever ahead of every other tenant's usage."""
+    limits), and the others keep theirs; a settlement that fails in its script is dropped,
+    not resent forever ahead of every other tenant's usage, and ``/metrics`` counts its
+    records (a total a reload's new limiter counts on from)."""
     store = RedisLimitStore(redis_server.url, timeout_s=1.0, retry_after_s=30.0)
     clock = Clock()
     lim = Limiter(store, fail_open=True, clock=clock)
@@ -422,9 +423,15 @@ async def test_a_limiter_answers_a_failed_check_alone_and_drops_a_failed_settlem
             await lim.flush()
         assert lim.counts.unavailable == {"open": 1}
         assert not any("unavailable" in r.getMessage() for r in caplog.records)
-        assert lim.ledger.lost_records == 3 and not lim.ledger.waiting
+        assert lim.counts.records_lost == {"script_error": 3} and not lim.ledger.waiting
         report = await store.read_usage(lim.keys.record("team-b", day(clock)))
         assert (report["chat:n"], report[SPEND]) == (1, 17 * 10**9)
+        registry = CollectorRegistry()
+        registry.register(LimiterCollector(lambda: Limiter(store, counts=lim.counts)))
+        told = registry.get_sample_value(
+            "llm_gateway_limits_records_lost_total", {"reason": "script_error"}
+        )
+        assert told == 3
     finally:
         await admin.aclose()
         await lim.aclose()

@@ -120,3 +120,46 @@ async def test_a_span_that_ends_after_its_telemetry_stopped_is_counted_dropped()
     assert _counts(collector) == (2, 0)
     assert _counts(collector) == (2, 0)  # kept once the telemetry is finished, not read again
     assert delivered == []
+
+
+async def test_a_hung_collector_holds_at_most_the_queues_bytes() -> None:
+    """A collector that reads every request and never answers, and spans of 20 KB (what
+    ``record_content`` makes of a long prompt): the export holds at most ``max_queue_bytes``
+    of them (waiting or being sent), not 8,192 spans; the rest are dropped and counted."""
+    hung: list[asyncio.StreamWriter] = []
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hung.append(writer)
+        while await reader.read(65536):
+            pass
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    sender = HttpSender(f"http://127.0.0.1:{port}/v1/traces", {}, timeout_s=120.0)
+    bound = 2_000_000
+    exporter = Exporter.otlp(
+        sender, Encoder({"service.name": "t"}), max_queue_bytes=bound, batch_bytes=500_000,
+        schedule_s=0.05, retry_s=0.0,
+    )  # fmt: skip
+    held: list[int] = []
+    try:
+        for n in range(1000):  # 20 MB of spans
+            exporter.add(_record(n, size=20_000))
+            if n % 32 == 31:
+                await asyncio.sleep(0.01)  # the loop encodes a chunk; the thread sends
+                queued = list(exporter._queue)  # what the export holds that is not sent yet
+                held.append(sum(map(len, queued)))
+        for _ in range(200):  # the thread's first batch reached the collector (and hangs)
+            if hung:
+                break
+            await asyncio.sleep(0.05)
+        assert hung and max(held) <= bound and 0 < exporter.held_bytes <= bound
+        # ~100 spans held (one batch of them sent), the last records short of a chunk waiting
+        assert exporter.exported == 0 and exporter.dropped > 800
+        telemetry = Telemetry(exporter, exporter=exporter)
+        assert _counts(SpanDropCollector(lambda: telemetry)) == (exporter.dropped, 0)
+    finally:
+        for writer in hung:
+            writer.transport.abort()  # the send fails: the thread can end
+        server.close()
+        await asyncio.to_thread(exporter.shutdown)
