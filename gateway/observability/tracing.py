@@ -14,7 +14,8 @@ Settings come from the policy's ``telemetry`` section, else the standard variabl
 ``OTEL_SDK_DISABLED=true`` turns tracing off. A
 policy endpoint is a base URL too. Disabled telemetry hands out one shared no-op request span.
 
-Spans, sampling and kept failure traces: see ``gateway.observability.spans``.
+Spans: ``gateway.observability.spans``; sampling and kept failure traces:
+``gateway.observability.sampling``; attribute names: ``gateway.observability.span_attributes``.
 """
 
 from __future__ import annotations
@@ -41,16 +42,15 @@ from gateway.observability.otlp import (
     merged_attributes,
     sender_for,
 )
+from gateway.observability.sampling import SpanSink, Tracer
+from gateway.observability.span_attributes import response_attributes
 from gateway.observability.spans import (
     NOOP_ATTEMPT,
     NOOP_REQUEST,
     AttemptSpan,
     DeferredRequestSpan,
     RequestSpan,
-    SpanSink,
     StageSpan,
-    Tracer,
-    response_attributes,
 )
 from gateway.observability.summary import summarize_body
 from policies.server import TelemetryConfig

@@ -39,7 +39,9 @@ from gateway.observability.otlp import (
     SpanRecord,
     lazy,
 )
-from gateway.observability.spans import MAX_TEXT, NOOP_REQUEST, Tracer, parse_traceparent
+from gateway.observability.sampling import Tracer, parse_traceparent
+from gateway.observability.span_attributes import MAX_TEXT
+from gateway.observability.spans import NOOP_REQUEST
 from gateway.observability.tracing import SpanDropCollector, Telemetry, body_attributes
 from tests.conftest import FakeFactory, GatewayFactory, pool_policy
 from tests.gateway.observability.hedged_request import (
