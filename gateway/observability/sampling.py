@@ -22,7 +22,6 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from gateway.observability.otlp import SpanRecord
 from gateway.observability.span_attributes import (
     OPERATION,
     REQUEST_ID,
@@ -30,6 +29,7 @@ from gateway.observability.span_attributes import (
     REQUEST_PARAMS,
     capped,
 )
+from gateway.observability.span_records import SpanRecord
 from gateway.observability.spans import NOOP_REQUEST, DeferredRequestSpan, RequestSpan
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")

@@ -4,7 +4,7 @@ Names follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*`` and ``se
 registry spells them); the gateway's own are ``gateway.*``. Every string that comes from a caller
 or an upstream is cut to a bound here (``capped``, ``capped_content``), whatever it was sent. An
 attempt's attributes and an upstream's server attributes are made once per distinct value and
-shared, never mutated (``otlp.CONSTANT`` groups, whose encoding the encoder caches by identity).
+shared, never mutated (``span_records.CONSTANT`` groups, whose encoding the encoder caches by identity).
 """
 
 from __future__ import annotations

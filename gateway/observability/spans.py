@@ -28,17 +28,6 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from gateway.observability.otlp import (
-    CONSTANT,
-    KIND_CLIENT,
-    KIND_INTERNAL,
-    KIND_SERVER,
-    LAZY,
-    STATUS_ERROR,
-    STATUS_UNSET,
-    AttrGroup,
-    Event,
-)
 from gateway.observability.span_attributes import (
     INPUT_MESSAGES,
     OPERATION,
@@ -50,6 +39,17 @@ from gateway.observability.span_attributes import (
     capped_content,
     response_attributes,
     server_attributes,
+)
+from gateway.observability.span_records import (
+    CONSTANT,
+    KIND_CLIENT,
+    KIND_INTERNAL,
+    KIND_SERVER,
+    LAZY,
+    STATUS_ERROR,
+    STATUS_UNSET,
+    AttrGroup,
+    Event,
 )
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ class RequestSpan:
 
     def response_later(self, attributes: tuple[str, Any], server_url: str | None = None) -> None:
         """Response attributes made when the span is encoded: ``attributes`` is (the name of a
-        function registered with ``otlp.lazy``, its argument), e.g. the answer's bytes (the loop
+        function registered with ``span_records.lazy``, its argument), e.g. the answer's bytes (the loop
         does not parse them a second time for the span)."""
         if self.recording:
             self.groups.append((LAZY, attributes))

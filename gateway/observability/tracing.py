@@ -31,19 +31,19 @@ from urllib.parse import unquote
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.observability.otlp import (
+from gateway.observability.otlp import Exporter
+from gateway.observability.otlp_encoding import Encoder
+from gateway.observability.otlp_senders import sender_for
+from gateway.observability.sampling import SpanSink, Tracer
+from gateway.observability.span_attributes import response_attributes
+from gateway.observability.span_records import (
     KIND_CLIENT,
     KIND_SERVER,
     STATUS_ERROR,
-    Encoder,
-    Exporter,
     SpanRecord,
     lazy,
     merged_attributes,
-    sender_for,
 )
-from gateway.observability.sampling import SpanSink, Tracer
-from gateway.observability.span_attributes import response_attributes
 from gateway.observability.spans import (
     NOOP_ATTEMPT,
     NOOP_REQUEST,
