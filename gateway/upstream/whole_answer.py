@@ -27,7 +27,7 @@ from gateway.protocol import upstream_json
 from gateway.upstream.attempt import Attempt
 from gateway.upstream.client import AnswerTooLarge, UpstreamResponse, read_capped
 from gateway.upstream.providers.translated import TranslatedResponse
-from routing.http1 import Http1Response
+from routing.http1_response import Http1Response
 
 log = logging.getLogger("llm_gateway.relay")
 _per_replica = LogEvery(log)  # a replica that fails one answer so fails them all
