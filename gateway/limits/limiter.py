@@ -37,17 +37,16 @@ import os
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from gateway.limits import gcra, grants
-from gateway.limits.cost import usd_text
+from gateway.limits import grants
+from gateway.limits.check import LimitExceeded, rate_view, refusal, takes
 from gateway.limits.grants import Grant
 from gateway.limits.headers import RateView, rate_headers, retry_headers
 from gateway.limits.ledger import Ledger
-from gateway.limits.rules import Keys, RateLimits, Subject
+from gateway.limits.rules import Keys, Subject
 from gateway.limits.store import (
     AcquireRequest,
-    AcquireResult,
     BucketAdjust,
     BucketTake,
     BudgetGate,
@@ -64,18 +63,7 @@ from gateway.limits.windows import Window, window_of
 
 log = logging.getLogger("llm_gateway.limits")
 
-Reason = Literal["requests", "tokens", "concurrency", "budget", "unavailable"]
-_Label = tuple[Literal["requests", "tokens"], bool]  # a bucket's kind, and whether per surface
-_ADJECTIVE = {"day": "daily", "week": "weekly", "month": "monthly"}
 FLUSH_S = 0.25  # how late the usage of an unlimited request may be written
-
-
-class LimitExceeded(Exception):
-    def __init__(self, reason: Reason, message: str, headers: dict[str, str]) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.headers = headers
 
 
 @dataclass(slots=True)
@@ -244,7 +232,7 @@ class Limiter:
     async def _check(self, subject: Subject, tokens: int, more: int, cost: int = 0) -> Admission:
         """One store call: this request's limits (its cost held under a budget), and ``more``
         requests' for a grant."""
-        buckets, slots, kinds = self._takes(subject, tokens)
+        buckets, slots, kinds = takes(self.keys, subject, tokens)
         holding = cost > 0 and subject.budget is not None
         lease_id = f"{self._lease_prefix}-{next(self._ids)}" if slots or holding else ""
         gate = self._gate(subject, lease_id, cost)
@@ -263,9 +251,9 @@ class Limiter:
             return self._unavailable(subject)
         self._recovered()
         if not result.admitted:
-            requests = _view(req, result, kinds, "requests")
-            tokens_view = _view(req, result, kinds, "tokens")
-            raise self._refusal(subject, req, result, kinds, requests, tokens_view)
+            requests = rate_view(req, result, kinds, "requests")
+            tokens_view = rate_view(req, result, kinds, "tokens")
+            raise refusal(subject, req, result, kinds, requests, tokens_view, self.now_s)
         if self.grant_requests and gate is None:
             if len(self._grant_next) > 4096:  # subjects of policies reloaded away
                 self._grant_next.clear()
@@ -275,7 +263,7 @@ class Limiter:
                 self.grant_requests, req, result, tuple(k for k, _ in kinds), tokens
             )
         own = lease_id
-        views = (_view(req, result, kinds, "requests"), _view(req, result, kinds, "tokens"))
+        views = (rate_view(req, result, kinds, "requests"), rate_view(req, result, kinds, "tokens"))
         if more:
             now = time.monotonic()
             seen = self.now_s()
@@ -371,104 +359,6 @@ class Limiter:
             return
         release = grant.slots if unused else ()
         self._background(self.ledger.settle(subject, adjusts, release, unused, None))
-
-    def _takes(
-        self, subject: Subject, tokens: int
-    ) -> tuple[list[BucketTake], list[SlotTake], list[_Label]]:
-        buckets: list[BucketTake] = []
-        kinds: list[_Label] = []
-        slots: list[SlotTake] = []
-        scopes: list[tuple[str, RateLimits | None, bool]] = [
-            (self.keys.scope(subject.tenant), subject.limits, False),
-            (self.keys.scope(subject.tenant, subject.surface), subject.surface_limits, True),
-        ]
-        for scope, limits, on_surface in scopes:
-            if limits is None or not limits:
-                continue
-            if limits.requests_per_minute is not None:
-                buckets.append(BucketTake(scope + ":r", gcra.Rate(limits.requests_per_minute), 1))
-                kinds.append(("requests", on_surface))
-            if limits.tokens_per_minute is not None:
-                rate = gcra.Rate(limits.tokens_per_minute)
-                buckets.append(BucketTake(scope + ":k", rate, max(0, tokens)))
-                kinds.append(("tokens", on_surface))
-            if limits.max_concurrent is not None:
-                slots.append(SlotTake(scope + ":c", limits.max_concurrent))
-        return buckets, slots, kinds
-
-    def _refusal(
-        self,
-        subject: Subject,
-        req: AcquireRequest,
-        result: AcquireResult,
-        kinds: list[_Label],
-        requests: RateView | None,
-        tokens: RateView | None,
-    ) -> LimitExceeded:
-        headers = rate_headers(requests, tokens)
-        tenant = subject.tenant
-        if result.blocked_by == "budget":
-            assert req.budget is not None
-            message, wait = self._budget_refusal(subject, req.budget, result)
-            return LimitExceeded("budget", message, {**headers, **retry_headers(wait)})
-        if result.blocked_by == "slot":
-            limit = req.slots[result.blocked_index].limit
-            return LimitExceeded(
-                "concurrency",
-                f"tenant {tenant!r} has {limit} requests in flight, its max_concurrent",
-                {**headers, **retry_headers(1000)},
-            )
-        take = req.buckets[result.blocked_index]
-        kind, on_surface = kinds[result.blocked_index]
-        where = f" on surface {subject.surface!r}" if on_surface else ""
-        if result.wait_ms is None:
-            message = (
-                f"request too large: {take.amount} tokens (prompt estimate plus max_tokens) "
-                f"exceed the limit of {take.rate.limit} tokens per minute{where}"
-            )
-        else:
-            message = (
-                f"rate limit reached for tenant {tenant!r}{where}: limit "
-                f"{take.rate.limit} {kind} per minute, requested {take.amount}"
-            )
-        return LimitExceeded(
-            kind,
-            message,
-            {**headers, **retry_headers(result.wait_ms)},
-        )
-
-    def _budget_refusal(
-        self, subject: Subject, gate: BudgetGate, result: AcquireResult
-    ) -> tuple[str, int | None]:
-        """Why the budget cannot cover the request, and when to retry (None: never)."""
-        assert subject.budget is not None
-        now = self.now_s()
-        window = window_of(subject.budget.window, now)
-        budget = f"{_ADJECTIVE[window.kind]} budget of {subject.budget.usd} USD"
-        renews = int(window.seconds_left(now) * 1000)
-        tenant, spend = subject.tenant, result.spend
-        cost = gate.hold.amount if gate.hold is not None else 0
-        worst = (
-            f"this request may cost up to {usd_text(cost)} USD (its prompt estimate plus "
-            "max_tokens, or the expected output without it, at its costliest model's price)"
-        )
-        if spend >= gate.cap:
-            why = f"tenant {tenant!r} has spent its {budget}; it renews at {window.end.isoformat()}"
-            return why, renews
-        if cost > gate.cap:
-            return f"request too costly for tenant {tenant!r}'s {budget}: {worst}", None
-        left = usd_text(gate.cap - spend)
-        if spend + cost > gate.cap:
-            return (
-                f"tenant {tenant!r} has {left} USD left of its {budget} and {worst}; "
-                f"it renews at {window.end.isoformat()}",
-                renews,
-            )
-        return (
-            f"requests in flight hold {usd_text(result.budget_held)} USD of the {left} USD left "
-            f"of tenant {tenant!r}'s {budget} and {worst}",
-            1000,
-        )
 
     @property
     def granted(self) -> int:
@@ -573,19 +463,3 @@ class Limiter:
 def _grant_ttl(grant_ttl_s: float, lease_ttl_s: float) -> float:
     """A grant's unused leases are not renewed: it ends well before they could expire."""
     return min(grant_ttl_s, lease_ttl_s / 3)
-
-
-def _view(
-    req: AcquireRequest, result: AcquireResult, kinds: list[_Label], kind: str
-) -> RateView | None:
-    """The tighter of the buckets of ``kind`` (tenant, surface): the fewer remaining."""
-    best: RateView | None = None
-    for take, debt, (k, _) in zip(req.buckets, result.debts, kinds, strict=True):
-        if k != kind:
-            continue
-        view = RateView(
-            take.rate.limit, gcra.remaining(debt, take.rate), gcra.reset_ms(debt, take.rate)
-        )
-        if best is None or (view.remaining, view.limit) < (best.remaining, best.limit):
-            best = view
-    return best

@@ -1,4 +1,4 @@
-"""Request tracing without the SDK: plain records on the loop, OTLP encoded in chunks of them.
+"""A request's spans on the event loop: plain records, OTLP encoded later in chunks of them.
 
 What a request's trace holds is what the OpenTelemetry SDK path recorded (GenAI conventions
 for the request and each upstream attempt, ``gateway.*`` decision attributes, stage spans,
@@ -8,15 +8,9 @@ objects. A span here is a small slotted object collecting references (the decisi
 orchestrator already built, unformatted); at its end it becomes one ``SpanRecord`` tuple
 appended to the exporter's queue (``gateway.observability.otlp``), which merges the attributes
 and encodes OTLP protobuf a chunk of records at a time, later, and sends it from its thread.
-
-Sampling (decided before anything is recorded). A request with a valid ``traceparent`` follows
-the caller's sampled flag and continues its trace (``tracestate`` is kept and passed on). Any
-other request is traced with probability ``sample_ratio``. An unsampled request gets, with
-``trace_failures``, a ``DeferredRequestSpan`` that notes its start, decisions, breaches and
-upstream attempts, and is recorded at its end only if it failed (status >= 500, the client's
-own 499 excepted) or breached its budget, at most ``failure_traces_per_s`` a second (a token
-bucket), as a new trace with ``gateway.trace.kept: failure`` and one CLIENT child per attempt
-(stage spans are not kept); without it, the shared no-op span.
+Which requests get a recording span, and the failure traces kept of the others
+(``DeferredRequestSpan``), is the tracer's choice: ``gateway.observability.sampling``. The
+attribute names and the mappings made of them: ``gateway.observability.span_attributes``.
 
 Times. The request's span starts when the request arrived (``Call.started``, before its body
 was read: what OpenTelemetry asks of a server span), and ``gateway.ttft_ms`` (the client's
@@ -24,24 +18,29 @@ time to first token, upload included) is measured from the same instant, so the
 ``first_token`` event sits at ``start + ttft`` inside the span. Attempts are numbered in the
 order they were opened (``gateway.attempt.index``: retries, hedges and a cascade's tiers). The
 span carries the gateway's request id (``gateway.request.id``, the ``x-request-id`` answered).
-
-Open spans. The tracer counts the request spans begun and not yet ended (``Tracer.open``, two
-integer steps a traced request): a reload that replaces the telemetry keeps the old export
-running until they have ended (``Telemetry.drained``).
 """
 
 from __future__ import annotations
 
 import random
-import re
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
-from functools import lru_cache
 from types import TracebackType
-from typing import Any, Protocol
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
 
-from gateway.observability.otlp import (
+from gateway.observability.span_attributes import (
+    INPUT_MESSAGES,
+    OPERATION,
+    OUTPUT_MESSAGES,
+    REQUEST_ID,
+    REQUEST_MODEL,
+    attempt_attributes,
+    capped,
+    capped_content,
+    response_attributes,
+    server_attributes,
+)
+from gateway.observability.span_records import (
     CONSTANT,
     KIND_CLIENT,
     KIND_INTERNAL,
@@ -51,157 +50,23 @@ from gateway.observability.otlp import (
     STATUS_UNSET,
     AttrGroup,
     Event,
-    SpanRecord,
 )
 
-# GenAI semantic conventions (attribute names as the OpenTelemetry registry spells them).
-OPERATION = "gen_ai.operation.name"
-PROVIDER = "gen_ai.provider.name"
-REQUEST_MODEL = "gen_ai.request.model"
-RESPONSE_MODEL = "gen_ai.response.model"
-RESPONSE_ID = "gen_ai.response.id"
-INPUT_TOKENS = "gen_ai.usage.input_tokens"
-OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-FINISH_REASONS = "gen_ai.response.finish_reasons"
-# The upstream's id of an answer its client got with another (re-told in the client's API).
-UPSTREAM_RESPONSE_ID = "gateway.upstream.response_id"
-INPUT_MESSAGES = "gen_ai.input.messages"
-OUTPUT_MESSAGES = "gen_ai.output.messages"
-SERVER_ADDRESS = "server.address"
-SERVER_PORT = "server.port"
-REQUEST_ID = "gateway.request.id"
-_REQUEST_PARAMS = {
-    "max_tokens": "gen_ai.request.max_tokens",
-    "max_completion_tokens": "gen_ai.request.max_tokens",
-    "temperature": "gen_ai.request.temperature",
-    "top_p": "gen_ai.request.top_p",
-    "seed": "gen_ai.request.seed",
-    "stream": "gen_ai.request.stream",
-}
+if TYPE_CHECKING:
+    from gateway.observability.sampling import Tracer
+
 _GATEWAY = "gateway."
-# A caller's (or an upstream's) string in a span is cut to this many characters: a span is a
-# few hundred bytes, and a 4 MB model name must not become a 4 MB span (which the encoder would
-# keep in its caches and a collector would refuse with the whole batch).
-MAX_TEXT = 256
-# Recorded prompt and completion text (``record_content``) is cut to this many characters per
-# attribute, ending with a marker that says how much was left out (the value is then no longer
-# valid JSON): a 1 MB prompt must not be queued whole while the collector is slow, nor make a
-# batch that the collector refuses (its default limit: 20 MiB a request).
-MAX_CONTENT_CHARS = 8192
 # An attempt's outcomes that are the replica's (or the gateway's) failure: the span's status is
 # ERROR and error.type the outcome. A 4xx is the caller's or the account's: not the attempt's.
 _FAILED_OUTCOMES = frozenset(("http_5xx", "connect_error", "timeout", "bad_status", "rejected_key",
                               "bad_answer", "idle_timeout", "answer_broken", "stream_error", "no_connection",
                               "abandoned"))  # fmt: skip
-
-_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _time_ns = time.time_ns
 _bits = random.getrandbits
 
 
-class SpanSink(Protocol):
-    """Where finished records go (``otlp.Exporter``; tests may pass a list's ``append``)."""
-
-    def add(self, record: SpanRecord) -> None: ...
-
-
-def parse_traceparent(value: str) -> tuple[int, int, bool] | None:
-    """(trace id, parent span id, sampled) of a W3C ``traceparent``, None if it is not valid."""
-    match = _TRACEPARENT.fullmatch(value.strip(" \t"))
-    if match is None:
-        return None
-    version, trace_hex, parent_hex, flags, rest = match.groups()
-    if version == "ff" or (version == "00" and rest):
-        return None
-    trace_id, parent_id = int(trace_hex, 16), int(parent_hex, 16)
-    if not trace_id or not parent_id:
-        return None
-    return trace_id, parent_id, bool(int(flags, 16) & 1)
-
-
 def traceparent(trace_id: int, span_id: int) -> str:
     return f"00-{trace_id:032x}-{span_id:016x}-01"
-
-
-class Tracer:
-    def __init__(
-        self,
-        sink: SpanSink | None,
-        *,
-        record_content: bool = False,
-        sample_ratio: float = 1.0,
-        trace_failures: bool = False,
-        failure_traces_per_s: float = 10.0,
-    ) -> None:
-        self.sink = sink
-        self.enabled = sink is not None
-        self.record_content = record_content
-        self.sample_ratio = sample_ratio
-        self.trace_failures = trace_failures
-        self._failure_rate = failure_traces_per_s
-        self._failure_tokens = max(failure_traces_per_s, 1.0)
-        self._failure_refilled = time.monotonic()
-        self.open = 0  # request spans begun and not ended (recorded, or deferred)
-
-    def start_request(
-        self,
-        *,
-        operation: str,
-        request_model: str,
-        headers: Mapping[str, str],
-        body: Mapping[str, Any] | None = None,
-        started: float | None = None,
-        request_id: str = "",
-    ) -> RequestSpan:
-        """The request's SERVER span (``operation``: chat, text_completion, embeddings);
-        ``body`` gives the request parameters (max_tokens, temperature...), never the prompt;
-        ``started``: ``time.perf_counter()`` when the request arrived (else now)."""
-        if self.sink is None:
-            return NOOP_REQUEST
-        parent = None
-        header = headers.get("traceparent")
-        if header is not None:
-            parent = parse_traceparent(header)
-        if parent is None:
-            if self.sample_ratio < 1.0 and random.random() >= self.sample_ratio:
-                if self.trace_failures:
-                    self.open += 1
-                    return DeferredRequestSpan(self, operation, request_model, request_id, started)
-                return NOOP_REQUEST
-            trace_id, parent_id, state = _bits(128) or 1, 0, ""
-        else:
-            trace_id, parent_id, sampled = parent
-            if not sampled:
-                return NOOP_REQUEST
-            state = headers.get("tracestate", "")
-        model = capped(request_model)
-        attrs: dict[str, Any] = {OPERATION: operation, REQUEST_MODEL: model}
-        if request_id:
-            attrs[REQUEST_ID] = request_id
-        if body is not None:
-            for field, name in _REQUEST_PARAMS.items():
-                value = body.get(field)
-                if isinstance(value, (bool, int, float)):
-                    attrs[name] = value
-                elif isinstance(value, str):
-                    attrs[name] = capped(value)
-        self.open += 1
-        span = RequestSpan(self, operation, f"{operation} {model}", trace_id, parent_id, state,
-                           attrs)  # fmt: skip
-        return _started(span, started)
-
-    def take_failure_token(self) -> bool:
-        """One failure trace from the bucket (refilled at ``failure_traces_per_s``)."""
-        now = time.monotonic()
-        cap = max(self._failure_rate, 1.0)
-        self._failure_tokens = min(
-            cap, self._failure_tokens + (now - self._failure_refilled) * self._failure_rate
-        )
-        self._failure_refilled = now
-        if self._failure_tokens < 1.0:
-            return False
-        self._failure_tokens -= 1.0
-        return True
 
 
 class RequestSpan:
@@ -305,7 +170,7 @@ class RequestSpan:
 
     def response_later(self, attributes: tuple[str, Any], server_url: str | None = None) -> None:
         """Response attributes made when the span is encoded: ``attributes`` is (the name of a
-        function registered with ``otlp.lazy``, its argument), e.g. the answer's bytes (the loop
+        function registered with ``span_records.lazy``, its argument), e.g. the answer's bytes (the loop
         does not parse them a second time for the span)."""
         if self.recording:
             self.groups.append((LAZY, attributes))
@@ -446,7 +311,8 @@ class AttemptSpan:
 
 
 class DeferredRequestSpan(RequestSpan):
-    """An unsampled request's span-to-be: recorded only if the request fails (module comment)."""
+    """An unsampled request's span-to-be: recorded only if the request fails
+    (``gateway.observability.sampling``)."""
 
     __slots__ = ("arrived", "attempts")
 
@@ -519,77 +385,6 @@ class DeferredRequestSpan(RequestSpan):
             attempt.emit(self, self.trace_id, self.span_id, now_ns)
         self.recording = True
         self._record(status, error_type)
-
-
-def response_attributes(
-    model: str | None,
-    response_id: str | None,
-    input_tokens: int | None,
-    output_tokens: int | None,
-    finish_reasons: Sequence[str],
-    client_id: str | None = None,
-) -> dict[str, Any]:
-    """``gen_ai.response.id`` is the id the client got: ``client_id`` when it is not the
-    upstream's (then ``UPSTREAM_RESPONSE_ID``)."""
-    upstream_id = None if response_id is None else capped(response_id)
-    return {
-        RESPONSE_MODEL: None if model is None else capped(model),
-        RESPONSE_ID: upstream_id if client_id is None else client_id,
-        UPSTREAM_RESPONSE_ID: None if client_id is None else upstream_id,
-        INPUT_TOKENS: input_tokens,
-        OUTPUT_TOKENS: output_tokens,
-        FINISH_REASONS: list(finish_reasons) or None,
-    }
-
-
-def capped(text: str) -> str:
-    """``text`` cut to ``MAX_TEXT`` characters (a caller's model name, an upstream's id)."""
-    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT]
-
-
-def capped_content(text: str | None) -> str | None:
-    """Recorded content cut to ``MAX_CONTENT_CHARS``, with a marker saying what was cut."""
-    if text is None or len(text) <= MAX_CONTENT_CHARS:
-        return text
-    return f"{text[:MAX_CONTENT_CHARS]}...[truncated: {len(text)} characters in all]"
-
-
-def _started(span: RequestSpan, started: float | None) -> RequestSpan:
-    """``span`` starting at ``started`` (``time.perf_counter()`` of the request's arrival)."""
-    if started is not None:
-        span.start_ns -= int((time.perf_counter() - started) * 1_000_000_000)
-    return span
-
-
-@lru_cache(maxsize=1024)
-def attempt_attributes(
-    operation: str,
-    base_url: str,
-    upstream_model: str,
-    backend: str,
-    replica: str,
-    hedge: bool,
-    index: int,
-    provider: str | None,
-) -> Mapping[str, Any]:
-    """An attempt's attributes (one shared, never mutated mapping per distinct attempt)."""
-    return {
-        OPERATION: operation,
-        REQUEST_MODEL: upstream_model,
-        **server_attributes(base_url),
-        "gateway.backend": backend,
-        "gateway.replica": replica,
-        "gateway.attempt.hedge": hedge,
-        "gateway.attempt.index": index,
-        PROVIDER: provider,
-    }
-
-
-@lru_cache(maxsize=256)
-def server_attributes(url: str) -> Mapping[str, Any]:
-    """``server.address`` and ``server.port`` of an upstream URL (parsed once per URL)."""
-    parts = urlsplit(url)
-    return {SERVER_ADDRESS: parts.hostname or url, SERVER_PORT: parts.port}
 
 
 def _breach(kind: str, budget_ms: float, observed_ms: float) -> dict[str, Any]:

@@ -14,7 +14,8 @@ Settings come from the policy's ``telemetry`` section, else the standard variabl
 ``OTEL_SDK_DISABLED=true`` turns tracing off. A
 policy endpoint is a base URL too. Disabled telemetry hands out one shared no-op request span.
 
-Spans, sampling and kept failure traces: see ``gateway.observability.spans``.
+Spans: ``gateway.observability.spans``; sampling and kept failure traces:
+``gateway.observability.sampling``; attribute names: ``gateway.observability.span_attributes``.
 """
 
 from __future__ import annotations
@@ -30,28 +31,26 @@ from urllib.parse import unquote
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.observability.otlp import (
+from gateway.observability.otlp import Exporter
+from gateway.observability.otlp_encoding import Encoder
+from gateway.observability.otlp_senders import sender_for
+from gateway.observability.sampling import SpanSink, Tracer
+from gateway.observability.span_attributes import UPSTREAM_RESPONSE_ID, response_attributes
+from gateway.observability.span_records import (
     KIND_CLIENT,
     KIND_SERVER,
     STATUS_ERROR,
-    Encoder,
-    Exporter,
     SpanRecord,
     lazy,
     merged_attributes,
-    sender_for,
 )
 from gateway.observability.spans import (
     NOOP_ATTEMPT,
     NOOP_REQUEST,
-    UPSTREAM_RESPONSE_ID,
     AttemptSpan,
     DeferredRequestSpan,
     RequestSpan,
-    SpanSink,
     StageSpan,
-    Tracer,
-    response_attributes,
 )
 from gateway.observability.summary import summarize_body
 from policies.server import TelemetryConfig

@@ -19,7 +19,7 @@ from cache.gate import audit_key
 from gateway.call import Call, Leases
 from gateway.protocol import upstream_json
 from gateway.protocol.openai import ParsedRequest
-from gateway.upstream.relay import read_whole
+from gateway.upstream.whole_answer import read_whole
 
 if TYPE_CHECKING:
     from cache.semantic import CacheHit, ResponseCache

@@ -36,9 +36,10 @@ from types import TracebackType
 
 from gateway.call import STATUS_KEY, Call
 from gateway.errors import GatewayError, QuotaExceeded, RateLimited, Unavailable
+from gateway.limits.check import LimitExceeded
 from gateway.limits.cost import Price, Usage, cost_pico, most_cost, usd_float, usd_text
 from gateway.limits.estimate import output_tokens, prompt_tokens
-from gateway.limits.limiter import Admission, LimitExceeded
+from gateway.limits.limiter import Admission
 from gateway.limits.rules import RateLimits
 from gateway.limits.usage import UsageRecord
 from gateway.observability.usage_metrics import UsageMetrics

@@ -48,7 +48,7 @@ from gateway.protocol.sse import DONE, EventSplitter, EventTooLong, Framing, pay
 from gateway.runtime import Destination
 from gateway.upstream.attempt import Attempt
 from gateway.upstream.attempts import AttemptOpener
-from gateway.upstream.relay import read_whole
+from gateway.upstream.whole_answer import read_whole
 from policies.models import TieredModelConfig
 from routing.calibration import wants_large
 from routing.cascade import CascadeVerdict, CascadeVerifier, SmallAnswer

@@ -23,7 +23,9 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from policies.backends import TimeoutConfig
-from routing.http1 import CannotConnect, Http1Pool, Http1Response, NoFreeConnection
+from routing.http1 import Http1Pool
+from routing.http1_errors import CannotConnect, NoFreeConnection
+from routing.http1_response import Http1Response
 from routing.pool import BackendPool
 from routing.replica import Replica
 

@@ -15,8 +15,9 @@ replica: it holds memory and gives the client nothing). The relay notes when rea
 ``data:[DONE]``). A stream request answered 200 with a whole JSON answer (a server that ignores
 ``stream``) is sent as the stream asked for, as ``send_answer`` renders finished answers; JSON
 that is no answer is a 502 against the replica (any other non-SSE 200, a proxy's page, never
-gets here: the opener moves on to another replica). A stream's Content-Type is always the
-gateway's ``text/event-stream``. Two clocks can end an answer early:
+gets here: the opener moves on to another replica); a whole answer is read, and judged, by
+``gateway.upstream.whole_answer``. A stream's Content-Type is always the gateway's
+``text/event-stream``. Two clocks can end an answer early:
 
 * the surface's deadline (``actions.deadline`` with ``budget.total_ms``): the relay stops the
   upstream and ends the stream as a model that hit ``max_tokens`` would, with a chunk whose
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,23 +53,12 @@ import aiohttp
 from aiohttp import web
 
 from gateway.errors import Unavailable, UpstreamError, UpstreamTimeout, stopping
-from gateway.observability.log_every import LogEvery
-from gateway.protocol import upstream_json
 from gateway.protocol.answers import render_sse
 from gateway.protocol.sse import MAX_EVENT_BYTES, EventTooLong, Framing
 from gateway.upstream.attempt import Attempt
-from gateway.upstream.client import (
-    AnswerTooLarge,
-    UpstreamResponse,
-    UpstreamStreamError,
-    read_capped,
-)
+from gateway.upstream.client import UpstreamResponse, UpstreamStreamError
 from gateway.upstream.out import ClientDialect, StreamOut
-from gateway.upstream.providers.translated import TranslatedResponse
-from routing.http1 import Http1Response
-
-log = logging.getLogger("llm_gateway.relay")
-_per_replica = LogEvery(log)  # a replica that fails one answer so fails them all
+from gateway.upstream.whole_answer import answer_limit, read_whole, warn_replica
 
 # What of an upstream's head reaches the client: what its answer is, when to come back, and
 # the provider's processing time and API version. Nothing hop-by-hop (or named in its
@@ -144,11 +133,6 @@ class Relayed:
     response: web.StreamResponse
     result: RelayResult
     attempt: Attempt | None  # None for a cache hit
-
-
-def _warn(attempt: Attempt, kind: str, msg: str, *args: object) -> None:
-    """``msg`` (its first ``%s``: the replica) once per replica and ``kind`` every 10 s."""
-    _per_replica.warning((attempt.where, kind), msg, attempt.where, *args)
 
 
 def response_headers(upstream: UpstreamResponse, extra: dict[str, str]) -> dict[str, str]:
@@ -253,118 +237,6 @@ def _answer_headers(
     return {**plan.headers, **extra} if sent < 400 else plan.headers
 
 
-async def read_whole(attempt: Attempt, deadline: float | None, max_bytes: int) -> bytes:
-    """A non-streamed answer (or a 4xx's body) read whole, by ``deadline`` and ``total_s``.
-
-    Every reader of a whole answer (the relay, the cascade's small tier, the cache audit) reads
-    it here: an answer that breaks off, stops coming for ``idle_s``, does not parse or is a 200
-    that is not a JSON object is flagged as the replica's failure (``Attempt.failure``); an
-    answer over ``max_bytes`` or past a time limit is not. Each ends the connection and raises
-    the ``GatewayError`` to answer with; the attempt is still the caller's to finish.
-    """
-    upstream = attempt.response
-    limit, ours = _limit(attempt, deadline)
-    window: asyncio.Timeout | None = None
-    try:
-        body = upstream.whole(max_bytes) if isinstance(upstream, Http1Response) else None
-        if body is None:  # not all here yet: read it under the time limit
-            async with asyncio.timeout(max(limit - time.perf_counter(), 0.0)) as window:
-                body = await read_answer(upstream, max_bytes)
-    except AnswerTooLarge as exc:
-        upstream.close()
-        _warn(
-            attempt,
-            "too_large",
-            "an answer from %s was refused: %s (server.max_response_bytes)",
-            exc,
-        )
-        raise UpstreamError(
-            "the upstream's answer is larger than server.max_response_bytes",
-            code="response_too_large",
-        ) from exc
-    except TimeoutError as exc:
-        upstream.close()
-        # Which timer fired: the limit's own (uvloop may fire it a little before perf_counter
-        # reaches the limit, so the clocks are not compared), else the reads' idle_s.
-        if window is None or not window.expired():  # the upstream went silent between reads
-            attempt.fail("idle_timeout", "the answer stopped coming (idle_s)")
-            raise UpstreamTimeout(
-                "the upstream stopped sending its answer (the backend's timeouts.idle_s)",
-                code="idle_timeout",
-            ) from exc
-        why = "the surface's total_ms budget" if ours else "the backend's timeouts.total_s"
-        raise UpstreamTimeout(
-            f"the upstream's answer did not complete within {why}", code="total_timeout"
-        ) from exc
-    except aiohttp.ClientError as exc:
-        upstream.close()
-        attempt.fail("answer_broken", "the connection broke during the answer")
-        raise UpstreamError(
-            "the upstream connection broke while sending the answer", code="bad_gateway"
-        ) from exc
-    except ValueError as exc:  # a translated answer (another API's) that does not parse
-        upstream.close()
-        attempt.fail("bad_answer", "an unreadable answer")
-        raise UpstreamError("the upstream's answer could not be read", code="bad_gateway") from exc
-    except BaseException:  # the client left (cancelled) mid-read: the replica must see it too
-        upstream.close()
-        raise
-    upstream.release()
-    if attempt.first:  # a hedged stream request's first read, answered whole
-        body = attempt.first + body
-    if upstream.status == 200 and not _json_object(body, upstream.headers):
-        # An HTML error page from a proxy, or a body cut short: not an answer.
-        _warn(attempt, "not_json", "%s answered 200 with a body that is not a JSON object")
-        attempt.fail("bad_answer", "an answer that is not JSON")
-        raise UpstreamError(
-            "the upstream answered 200 with a body that is not a JSON answer", code="bad_gateway"
-        )
-    if upstream.status == 200 and b'"error"' in body and _error_object(body):
-        # A provider (or a proxy) that tells its failure with a 200: not an answer either.
-        _warn(attempt, "error_200", "%s answered 200 with an error object")
-        attempt.fail("bad_answer", "an error object answered 200")
-        raise UpstreamError(
-            "the upstream answered 200 with an error object, not an answer", code="bad_gateway"
-        )
-    return body
-
-
-def _error_object(body: bytes) -> bool:
-    """An error told with a 200: ``{"error": ...}`` (OpenAI's shape; Anthropic's adds ``type:
-    error``) and none of an answer's parts (a Responses object has ``error: null``, a failed
-    one its ``output`` beside it)."""
-    try:
-        data = upstream_json.loads(body)
-    except ValueError:
-        return False
-    return (
-        isinstance(data, dict)
-        and data.get("error") is not None
-        and not any(key in data for key in _ANSWER_KEYS)
-    )
-
-
-_ANSWER_KEYS = ("choices", "output", "content", "data")  # chat/completions, Responses, Messages
-
-
-def _json_object(body: bytes, headers: Mapping[str, str]) -> bool:
-    """Cheap shape check of a 200 answer (the bytes pass on unparsed): a JSON object, whole."""
-    ctype = headers.get("Content-Type", "application/json").lower()
-    if "json" not in ctype:
-        return False
-    stripped = body.strip()
-    return stripped.startswith(b"{") and stripped.endswith(b"}")
-
-
-async def read_answer(upstream: UpstreamResponse, max_bytes: int) -> bytes:
-    """A whole (non-streamed) answer, at most ``max_bytes`` as it comes from the upstream."""
-    if isinstance(upstream, (Http1Response, aiohttp.ClientResponse)):
-        return await read_capped(upstream, max_bytes)
-    if isinstance(upstream, TranslatedResponse):
-        return await upstream.read(max_bytes)
-    return await upstream.read()
-
-
 def _noted(result: RelayResult, plan: RelayPlan, data: bytes, at: float) -> None:
     """A stream read: its time (first, gap since the last) and the watchers that see it."""
     if result.first_at is None:
@@ -375,14 +247,6 @@ def _noted(result: RelayResult, plan: RelayPlan, data: bytes, at: float) -> None
     result.reads += 1
     for watch in plan.watchers:
         watch(data)
-
-
-def _limit(attempt: Attempt, deadline: float | None) -> tuple[float, bool]:
-    """The earlier of the surface's deadline and ``total_s``; True when it is the surface's."""
-    hard = attempt.total_deadline
-    if deadline is not None and deadline <= hard:
-        return deadline, True
-    return hard, False
 
 
 def _whole_answer(headers: Mapping[str, str]) -> bool:
@@ -401,7 +265,9 @@ async def _answer_as_stream(request: web.Request, attempt: Attempt, plan: RelayP
     except (ValueError, RecursionError):
         readable = False
     if not readable:
-        _warn(attempt, "not_answer", "%s answered a stream request with JSON that is not an answer")
+        warn_replica(
+            attempt, "not_answer", "%s answered a stream request with JSON that is not an answer"
+        )
         attempt.fail("bad_answer", "a stream request answered with JSON that is no answer")
         raise UpstreamError(
             "the upstream answered a stream request with JSON that is not an answer",
@@ -427,7 +293,7 @@ async def _relay_stream(
     # Line ends made "\n" before anyone reads the bytes, and no event past the cap.
     framing = Framing(min(plan.max_response_bytes, MAX_EVENT_BYTES))
 
-    limit, ours = _limit(attempt, plan.deadline)
+    limit, ours = answer_limit(attempt, plan.deadline)
     try:
         await out.begin()
         if attempt.first:

@@ -21,7 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import dialects
 from gateway.observability.log_every import LogEvery
-from gateway.observability.otlp import Encoder, Exporter
+from gateway.observability.otlp import Exporter
+from gateway.observability.otlp_encoding import Encoder
 from gateway.observability.tracing import Telemetry
 from tests.cache.conftest import RedisServer
 from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy, serve, vllm

@@ -23,8 +23,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from bench.fake_upstream import site_port
-from gateway.observability.otlp import Encoder, Exporter
-from gateway.observability.spans import MAX_CONTENT_CHARS
+from gateway.observability.otlp import Exporter
+from gateway.observability.otlp_encoding import Encoder
+from gateway.observability.span_attributes import MAX_CONTENT_CHARS
 from gateway.observability.tracing import Telemetry
 from tests.conftest import FakeFactory, GatewayFactory, build_policy, pool_policy, vllm
 from tests.e2e.conftest import KEY_ENV, AnthropicFactory

@@ -31,15 +31,13 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.fake_upstream import site_port
-from gateway.observability.otlp import (
-    Encoder,
-    Exporter,
-    GrpcSender,
-    HttpSender,
-    SpanRecord,
-    lazy,
-)
-from gateway.observability.spans import MAX_TEXT, NOOP_REQUEST, Tracer, parse_traceparent
+from gateway.observability.otlp import Exporter
+from gateway.observability.otlp_encoding import Encoder
+from gateway.observability.otlp_senders import GrpcSender, HttpSender
+from gateway.observability.sampling import Tracer, parse_traceparent
+from gateway.observability.span_attributes import MAX_TEXT
+from gateway.observability.span_records import SpanRecord, lazy
+from gateway.observability.spans import NOOP_REQUEST
 from gateway.observability.tracing import SpanDropCollector, Telemetry, body_attributes
 from tests.conftest import FakeFactory, GatewayFactory, pool_policy
 from tests.gateway.observability.hedged_request import (

@@ -18,19 +18,17 @@ import aiohttp
 import pytest
 import uvloop
 
-from routing.http1 import (
-    DECODE_STEP,
-    HIGH_WATER,
-    STALE_WINDOW_S,
+from routing.http1 import Http1Pool
+from routing.http1_connection import HIGH_WATER, STALE_WINDOW_S
+from routing.http1_errors import (
     BadAnswer,
     CannotConnect,
     Disconnected,
     HeadTimeout,
-    Http1Pool,
-    Http1Response,
     NoFreeConnection,
     Silent,
 )
+from routing.http1_response import DECODE_STEP, Http1Response
 
 Writer = asyncio.StreamWriter
 Answer = Callable[[asyncio.StreamReader, Writer, int], Awaitable[bool]]  # False: close

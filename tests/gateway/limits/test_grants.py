@@ -11,10 +11,11 @@ from decimal import Decimal
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.limits.check import LimitExceeded
 from gateway.limits.cost import Usage
 from gateway.limits.gcra import Rate
 from gateway.limits.grants import HEADROOM
-from gateway.limits.limiter import Admission, Limiter, LimitExceeded
+from gateway.limits.limiter import Admission, Limiter
 from gateway.limits.rules import BudgetRule, Keys, RateLimits, Subject
 from gateway.limits.store import AcquireRequest, BucketTake
 from gateway.limits.usage import UsageRecord

@@ -9,8 +9,9 @@ from decimal import Decimal
 
 import pytest
 
+from gateway.limits.check import LimitExceeded
 from gateway.limits.cost import Usage
-from gateway.limits.limiter import Admission, Limiter, LimitExceeded
+from gateway.limits.limiter import Admission, Limiter
 from gateway.limits.rules import BudgetRule, RateLimits, Subject
 from gateway.limits.store import LimitStore
 from gateway.limits.usage import BudgetAlert, UsageRecord, report

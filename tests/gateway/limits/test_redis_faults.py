@@ -18,9 +18,10 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from gateway.limits import redis_store
+from gateway.limits.check import LimitExceeded
 from gateway.limits.cost import Usage
 from gateway.limits.gcra import Rate
-from gateway.limits.limiter import Limiter, LimitExceeded
+from gateway.limits.limiter import Limiter
 from gateway.limits.redis_pipe import Script, ScriptPipe
 from gateway.limits.redis_store import RedisLimitStore
 from gateway.limits.rules import RateLimits, Subject

@@ -12,9 +12,10 @@ from decimal import Decimal
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.limits.check import LimitExceeded
 from gateway.limits.cost import Usage
 from gateway.limits.gcra import Rate
-from gateway.limits.limiter import Admission, Limiter, LimitExceeded
+from gateway.limits.limiter import Admission, Limiter
 from gateway.limits.redis_store import RedisLimitStore
 from gateway.limits.rules import BudgetRule, RateLimits, Subject
 from gateway.limits.store import SPEND, AcquireRequest, BucketTake, SettleRequest, UsageAdd

@@ -15,7 +15,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from prometheus_client.core import CounterMetricFamily
 
 from bench.fake_upstream import site_port
-from gateway.observability.otlp import Encoder, Exporter, HttpSender, SpanRecord
+from gateway.observability.otlp import Exporter
+from gateway.observability.otlp_encoding import Encoder
+from gateway.observability.otlp_senders import HttpSender
+from gateway.observability.span_records import SpanRecord
 from gateway.observability.tracing import SpanDropCollector, Telemetry
 
 

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from bench.fake_upstream import site_port
-from gateway.observability.otlp import Encoder
+from gateway.observability.otlp_encoding import Encoder
 from gateway.observability.tracing import NOOP_REQUEST, Telemetry, export_settings
 from policies.server import TelemetryConfig
 from tests.gateway.observability.hedged_request import (
