@@ -16,6 +16,12 @@ the missing range over a DEALER socket, then applies the live batch. A sequence 
 backwards means the engine restarted: its cache is empty, so the replica's state is cleared.
 A first batch with seq > 0 (the gateway started after the engine) triggers a replay from 0 to
 learn what the replay buffer (vLLM's ``buffer_steps``) still holds.
+
+Incomplete history. The index must only ever miss a hit, never claim a block the replica
+evicted, so whenever events are missing the replica's index is cleared (``resets`` counts it):
+a batch that does not decode (``bad_batches``) is skipped, its events unknown. Its sequence
+number is still recorded, so the next batch is not a gap: the bad batch, still in the
+publisher's replay buffer, must not be replayed again and again.
 """
 
 from __future__ import annotations
@@ -96,13 +102,26 @@ def _opt_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise KVEventFormatError(f"{what} must be an integer, got {type(value).__name__}")
+    return value
+
+
+def _token_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise KVEventFormatError("token_ids must be an array")
+    return tuple(_int(t, "a token id") for t in value)
+
+
 def parse_event(raw: Any) -> KVEvent | None:
     """One event in the map form (0.32) or the positional-array form; None if unknown."""
     if isinstance(raw, dict):
         kind = _opt_str(raw.get("type"))
         fields = raw
         if kind == "BlockStored":
-            token_ids = fields.get("token_ids") or []
             return BlockStored(
                 block_hashes=_hashes(fields.get("block_hashes", [])),
                 parent_block_hash=(
@@ -110,8 +129,8 @@ def parse_event(raw: Any) -> KVEvent | None:
                     if fields.get("parent_block_hash") is None
                     else _hash(fields["parent_block_hash"])
                 ),
-                token_ids=tuple(int(t) for t in token_ids),
-                block_size=int(fields.get("block_size", 0)),
+                token_ids=_token_ids(fields.get("token_ids")),
+                block_size=_int(fields.get("block_size", 0), "block_size"),
                 lora_id=_opt_int(fields.get("lora_id")),
                 medium=_opt_str(fields.get("medium")),
             )
@@ -131,8 +150,8 @@ def parse_event(raw: Any) -> KVEvent | None:
             return BlockStored(
                 block_hashes=_hashes(rest[0]),
                 parent_block_hash=None if rest[1] is None else _hash(rest[1]),
-                token_ids=tuple(int(t) for t in rest[2]),
-                block_size=int(rest[3]),
+                token_ids=_token_ids(rest[2]),
+                block_size=_int(rest[3], "block_size"),
                 lora_id=_opt_int(rest[4]) if len(rest) > 4 else None,
                 medium=_opt_str(rest[5]) if len(rest) > 5 else None,
             )
@@ -149,13 +168,16 @@ def parse_event(raw: Any) -> KVEvent | None:
 def decode_batch(payload: bytes) -> EventBatch:
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:  # TypeError: unhashable key
         raise KVEventFormatError(f"payload is not msgpack: {exc}") from exc
     if not isinstance(raw, list | tuple) or len(raw) < 2 or not isinstance(raw[1], list | tuple):
         raise KVEventFormatError("payload must be [timestamp, events, dp_rank]")
+    ts = raw[0]
+    if isinstance(ts, bool) or not isinstance(ts, int | float):
+        raise KVEventFormatError(f"timestamp must be a number, got {type(ts).__name__}")
     events = tuple(e for e in (parse_event(r) for r in raw[1]) if e is not None)
     dp_rank = _opt_int(raw[2]) if len(raw) > 2 else None
-    return EventBatch(ts=float(raw[0]), events=events, dp_rank=dp_rank)
+    return EventBatch(ts=float(ts), events=events, dp_rank=dp_rank)
 
 
 def decode_seq(frame: bytes) -> int:
@@ -188,7 +210,9 @@ class SubscriberStats:
     replayed: int = 0
     lost: int = 0  # batches a gap skipped that the replay buffer no longer had
     restarts: int = 0
-    errors: int = 0
+    errors: int = 0  # messages without a sequence number we could read
+    bad_batches: int = 0  # batches that did not decode, skipped
+    resets: int = 0  # times the replica's index was cleared because events were missing
     last_seq: int | None = None
 
 
@@ -243,13 +267,29 @@ class KVEventSubscriber:
         if seq > expected:
             self.stats.gaps += 1
             await self._replay(expected, seq)
-        self._apply(seq, decode_batch(frames[2]))
+        self._take(seq, frames[2])
 
-    def _apply(self, seq: int, batch: EventBatch) -> None:
+    def _take(self, seq: int, payload: bytes) -> bool:
+        """Apply batch ``seq``; one that does not decode is skipped (False) and counted."""
+        try:
+            batch = decode_batch(payload)
+        except KVEventFormatError as exc:
+            self.stats.bad_batches += 1
+            log.warning(
+                "kv events from %s: batch %d skipped: %s", self.source.replica_name, seq, exc
+            )
+            self._reset_index()
+            self.stats.last_seq = seq
+            return False
         self.sink.apply(self.source.replica_name, batch)
         self.stats.batches += 1
         self.stats.events += len(batch.events)
         self.stats.last_seq = seq
+        return True
+
+    def _reset_index(self) -> None:
+        self.stats.resets += 1
+        self.sink.reset(self.source.replica_name)
 
     async def _replay(self, start: int, stop: int) -> None:
         """Apply buffered batches ``start <= seq < stop`` from the replay endpoint."""
@@ -277,8 +317,7 @@ class KVEventSubscriber:
                 seq = decode_seq(frames[2] if len(frames) >= 4 else frames[1])
                 if seq < 0:
                     break
-                if start <= seq < stop and len(frames) >= 4:
-                    self._apply(seq, decode_batch(frames[3]))
+                if start <= seq < stop and len(frames) >= 4 and self._take(seq, frames[3]):
                     got += 1
         finally:
             dealer.close(linger=0)
