@@ -19,7 +19,9 @@ learn what the replay buffer (vLLM's ``buffer_steps``) still holds.
 
 Incomplete history. The index must only ever miss a hit, never claim a block the replica
 evicted, so whenever events are missing the replica's index is cleared (``resets`` counts it):
-a batch that does not decode (``bad_batches``) is skipped, its events unknown. Its sequence
+batches a gap skipped that the replay could not supply (``lost``: gone from the buffer, no
+replay endpoint, a time-out; one may have been the ``BlockRemoved`` of a block we hold), and a
+batch that does not decode (``bad_batches``), skipped with its events unknown. Its sequence
 number is still recorded, so the next batch is not a gap: the bad batch, still in the
 publisher's replay buffer, must not be replayed again and again.
 """
@@ -293,17 +295,23 @@ class KVEventSubscriber:
 
     async def _replay(self, start: int, stop: int) -> None:
         """Apply buffered batches ``start <= seq < stop`` from the replay endpoint."""
-        got = 0
+        reached = start
         if self.source.replay_endpoint is not None:
-            got = await self._fetch_replay(start, stop)
-        self.stats.replayed += got
-        self.stats.lost += stop - start - got
+            reached = await self._fetch_replay(start, stop)
+        self._missed(reached, stop)
+
+    def _missed(self, start: int, stop: int) -> None:
+        """Batches ``start <= seq < stop`` will never come: one may have removed blocks."""
+        if stop > start:
+            self.stats.lost += stop - start
+            self._reset_index()
 
     async def _fetch_replay(self, start: int, stop: int) -> int:
+        """Replay from ``start``; the seq after the last batch taken (``start`` if none)."""
         assert self.source.replay_endpoint is not None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        got = 0
+        reached = start
         try:
             dealer.connect(self.source.replay_endpoint)
             await dealer.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
@@ -317,11 +325,14 @@ class KVEventSubscriber:
                 seq = decode_seq(frames[2] if len(frames) >= 4 else frames[1])
                 if seq < 0:
                     break
-                if start <= seq < stop and len(frames) >= 4 and self._take(seq, frames[3]):
-                    got += 1
+                if reached <= seq < stop and len(frames) >= 4:
+                    self._missed(reached, seq)  # the buffer starts after ``start``
+                    if self._take(seq, frames[3]):
+                        self.stats.replayed += 1
+                    reached = seq + 1
         finally:
             dealer.close(linger=0)
-        return got
+        return reached
 
 
 class KVEventHub:

@@ -14,12 +14,18 @@ import pytest
 import zmq.asyncio
 
 from gateway.observability.metrics import KVEventCollector
-from routing.kv_events import KVEventSource, KVEventSubscriber
-from routing.kv_index import CallableTokenizer
+from routing.kv_events import (
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVEventSource,
+    KVEventSubscriber,
+)
+from routing.kv_index import CallableTokenizer, KVBlockIndex
 from routing.pool import BackendPool, PoolSettings
 from routing.prefix import PrecisePrefixRouter
 from routing.replica import Replica
-from tests.routing.helpers import req
+from tests.routing.helpers import pool, req
 from tests.routing.kv_fakes import FakePublisher, block, ids, wait_for
 
 
@@ -93,3 +99,35 @@ async def test_a_bad_batch_is_skipped_and_later_batches_still_apply(
     [family] = KVEventCollector(lambda: [pool]).collect()
     counts = {s.labels["event"]: s.value for s in family.samples}
     assert counts["bad_batches"] == 1 and counts["batches"] == 3
+
+
+async def test_a_lost_removal_clears_the_replicas_blocks(rig: Rig) -> None:
+    await rig.fake.publish(0, [block(1, None, "abcd")])
+    await wait_for(lambda: rig.sub.stats.last_seq == 0)
+    assert rig.matched("abcd") == 1
+    # Batch 1 evicts "abcd"; it never arrives and is gone from the replay buffer by the time
+    # batch 3 reveals the gap; batch 2 is still there.
+    await rig.fake.publish(1, [{"type": "BlockRemoved", "block_hashes": [1]}], keep_only=True)
+    await rig.fake.publish(2, [block(2, None, "efgh")], keep_only=True)
+    rig.fake.forget_before(2)
+    await rig.fake.publish(3, [block(3, 2, "ijkl")])
+    await wait_for(lambda: rig.sub.stats.last_seq == 3)
+    assert rig.fake.replay_requests == [1]
+    assert rig.sub.stats.lost == 1 and rig.sub.stats.replayed == 1
+    assert rig.matched("abcd") == 0  # a missed hit at worst, never a false one
+    assert rig.matched("efghijkl") == 2  # what came after the loss counts
+
+
+def test_the_index_holds_at_most_max_blocks_per_replica() -> None:
+    index = KVBlockIndex(CallableTokenizer(ids), pending_ttl_s=0, max_blocks=8)
+    [r] = pool(1)
+    texts = [f"{i:04d}" for i in range(20)]  # 20 one-block prefixes, never removed
+    for i, text in enumerate(texts):
+        index.apply(r.name, EventBatch(0, (BlockStored((i,), None, tuple(ids(text)), 4),)))
+    assert index.held_blocks(r.name) == 8
+    assert len(index.replicas[r.name].by_vllm_hash) == 8
+    # The oldest went first; the newest still match.
+    assert [index.probe(req(t)).matched(r) for t in texts[11:13]] == [0, 1]
+    # Removing a dropped block later is harmless.
+    index.apply(r.name, EventBatch(0, (BlockRemoved((0, 19)),)))
+    assert index.held_blocks(r.name) == 7
