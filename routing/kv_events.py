@@ -21,9 +21,11 @@ Incomplete history. The index must only ever miss a hit, never claim a block the
 evicted, so whenever events are missing the replica's index is cleared (``resets`` counts it):
 batches a gap skipped that the replay could not supply (``lost``: gone from the buffer, no
 replay endpoint, a time-out; one may have been the ``BlockRemoved`` of a block we hold), and a
-batch that does not decode (``bad_batches``), skipped with its events unknown. Its sequence
+batch that does not decode (``bad_batches``), skipped with its events unknown (its sequence
 number is still recorded, so the next batch is not a gap: the bad batch, still in the
-publisher's replay buffer, must not be replayed again and again.
+publisher's replay buffer, must not be replayed again and again), and a replica the pool takes
+out of service (``KVEventHub.forget``): a restarted engine whose new sequence numbers are
+already past the old ones would otherwise look like the same engine.
 """
 
 from __future__ import annotations
@@ -369,6 +371,16 @@ class KVEventHub:
                 sub.stats.errors += 1
                 log.exception("kv event subscriber for %s failed", sub.source.replica_name)
                 await asyncio.sleep(1.0)
+
+    def forget(self, replica_name: str) -> None:
+        """The replica left service: it may come back as a new engine, its cache empty and its
+        sequence numbers anywhere (past the old ones too), so drop its blocks and take its next
+        batch as a first one (a replay from 0)."""
+        self.sink.reset(replica_name)
+        sub = self.subscribers.get(replica_name)
+        if sub is not None:
+            sub.stats.resets += 1
+            sub.stats.last_seq = None
 
     async def stop(self) -> None:
         tasks = list(self._tasks.values())

@@ -25,6 +25,7 @@ from routing.kv_index import CallableTokenizer, KVBlockIndex
 from routing.pool import BackendPool, PoolSettings
 from routing.prefix import PrecisePrefixRouter
 from routing.replica import Replica
+from tests.conftest import FakeFactory
 from tests.routing.helpers import pool, req
 from tests.routing.kv_fakes import FakePublisher, block, ids, wait_for
 
@@ -131,3 +132,50 @@ def test_the_index_holds_at_most_max_blocks_per_replica() -> None:
     # Removing a dropped block later is harmless.
     index.apply(r.name, EventBatch(0, (BlockRemoved((0, 19)),)))
     assert index.held_blocks(r.name) == 7
+
+
+async def test_a_replica_that_restarts_while_out_of_service_loses_its_blocks(
+    make_fake: FakeFactory,
+) -> None:
+    up = await make_fake()
+    ctx = zmq.asyncio.Context()
+    fake = FakePublisher(ctx)
+    settings = PoolSettings("b", "vllm", (up.url,), None, True, 60, 1, 3, 10, False)
+    sources = lambda replicas: [  # noqa: E731
+        KVEventSource(replicas[0].name, fake.endpoint, fake.replay_endpoint)
+    ]
+    router = PrecisePrefixRouter(CallableTokenizer(ids), sources=sources, pending_ttl_s=0)
+    pool = BackendPool(settings, router)
+    replays = asyncio.create_task(fake.serve_replays())
+    await pool.start()
+    try:
+        await fake.subscribed()
+        [replica] = pool.replicas
+        sub = router.events.subscribers[replica.name]
+        for seq, text in enumerate(["aaaa", "bbbb", "abcd"]):
+            await fake.publish(seq, [block(seq + 1, None, text)])
+        await wait_for(lambda: sub.stats.last_seq == 2)
+        assert router.blocks.probe(req("abcd")).matched(replica) == 1
+        # The engine goes down and its health check fails...
+        up.fake.healthy = False
+        await pool.refresh()
+        assert not replica.healthy
+        # ... and comes back as a new engine: empty cache, sequence numbers from 0, and the
+        # first batches published before we hear it (seq 3 is already past the old engine's).
+        fake.kept.clear()
+        up.fake.healthy = True
+        await pool.refresh()
+        assert replica.healthy
+        for seq in range(3):
+            await fake.publish(seq, [block(100 + seq, None, f"new{seq}")], keep_only=True)
+        await fake.publish(3, [block(103, None, "new3")])
+        await wait_for(lambda: sub.stats.last_seq == 3)
+        assert router.blocks.probe(req("abcd")).matched(replica) == 0
+        assert fake.replay_requests == [0]  # the new engine's batches from its first
+        held = [router.blocks.probe(req(f"new{i}")).matched(replica) for i in range(4)]
+        assert held == [1, 1, 1, 1]
+    finally:
+        replays.cancel()
+        await pool.stop()
+        fake.close()
+        ctx.term()
