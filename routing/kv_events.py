@@ -26,6 +26,11 @@ number is still recorded, so the next batch is not a gap: the bad batch, still i
 publisher's replay buffer, must not be replayed again and again), and a replica the pool takes
 out of service (``KVEventHub.forget``): a restarted engine whose new sequence numbers are
 already past the old ones would otherwise look like the same engine.
+
+Fairness. pyzmq hands over a message already queued without a trip through the event loop, so
+a backlog (a flood of events, a long replay) would hold the loop, and every request, until it
+drained. Each subscriber gives the loop a turn after ``YIELD_EVERY`` units of work (a batch
+counts one plus its events).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ import zmq.asyncio
 from routing.replica import Replica
 
 log = logging.getLogger(__name__)
+
+YIELD_EVERY = 256
 
 BlockHash = int | bytes
 
@@ -236,6 +243,7 @@ class KVEventSubscriber:
         self._ctx = context
         self._replay_timeout_s = replay_timeout_s
         self._sub: zmq.asyncio.Socket | None = None
+        self._work = 0  # since the loop last had a turn
         self.connected = asyncio.Event()
 
     async def run(self) -> None:
@@ -253,6 +261,7 @@ class KVEventSubscriber:
                 except KVEventFormatError as exc:
                     self.stats.errors += 1
                     log.warning("kv events from %s: %s", self.source.replica_name, exc)
+                await self._give_turn()
         finally:
             sub.close(linger=0)
             self._sub = None
@@ -286,10 +295,17 @@ class KVEventSubscriber:
             self.stats.last_seq = seq
             return False
         self.sink.apply(self.source.replica_name, batch)
+        self._work += len(batch.events)
         self.stats.batches += 1
         self.stats.events += len(batch.events)
         self.stats.last_seq = seq
         return True
+
+    async def _give_turn(self) -> None:
+        self._work += 1
+        if self._work >= YIELD_EVERY:
+            self._work = 0
+            await asyncio.sleep(0)
 
     def _reset_index(self) -> None:
         self.stats.resets += 1
@@ -332,6 +348,7 @@ class KVEventSubscriber:
                     if self._take(seq, frames[3]):
                         self.stats.replayed += 1
                     reached = seq + 1
+                await self._give_turn()
         finally:
             dealer.close(linger=0)
         return reached
