@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from routing.kv_events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, EventBatch
+from routing.kv_format import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, EventBatch
 from routing.replica import Replica
 from routing.router import RoutingRequest
 

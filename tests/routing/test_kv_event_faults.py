@@ -15,13 +15,8 @@ import pytest
 import zmq.asyncio
 
 from gateway.observability.metrics import KVEventCollector
-from routing.kv_events import (
-    BlockRemoved,
-    BlockStored,
-    EventBatch,
-    KVEventSource,
-    KVEventSubscriber,
-)
+from routing.kv_events import KVEventSource, KVEventSubscriber
+from routing.kv_format import BlockRemoved, BlockStored, EventBatch
 from routing.kv_index import CallableTokenizer, KVBlockIndex
 from routing.pool import BackendPool, PoolSettings
 from routing.prefix import PrecisePrefixRouter

@@ -7,14 +7,13 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from routing.kv_events import (
+from routing.kv_events import KVEventHub, KVEventSource
+from routing.kv_format import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     EventBatch,
     KVEventFormatError,
-    KVEventHub,
-    KVEventSource,
     decode_batch,
     decode_seq,
     parse_event,
