@@ -12,7 +12,7 @@ What the router sees is what it would see in production, with production's delay
   ``routing.metrics_scrape.parse_vllm_metrics`` from the engine's own Prometheus text (also
   ``vllm:cache_config_info``, handed to routers that learn KV capacity from it);
 - KV events (prefix_precise): each step's events, msgpack-encoded in vLLM's wire format by the
-  simulator and decoded by ``routing.kv_events.decode_batch``, reach the index
+  simulator and decoded by ``routing.kv_format.decode_batch``, reach the index
   ``kv_event_delay_s`` after the step started (the publish-to-receipt lag measured on real
   vLLM was 1-71 ms).
 Routing takes no virtual time; its real CPU cost is measured separately (``route_us``).
@@ -35,7 +35,7 @@ from typing import Protocol
 from bench.sim.engine import ReplicaEngine, StepResult
 from bench.sim.kv_events import encode_batch
 from bench.sim.params import SimParams
-from routing.kv_events import decode_batch
+from routing.kv_format import decode_batch
 from routing.kv_index import KVBlockIndex
 from routing.metrics_scrape import parse_vllm_metrics
 from routing.replica import LoadGuard, Replica

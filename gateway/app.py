@@ -25,7 +25,7 @@ from gateway.middleware import (
     cors_on_prepare,
     gateway_middleware,
 )
-from gateway.observability.metrics import GatewayMetrics, ReloadCollector
+from gateway.observability.metrics import GatewayMetrics, KVEventCollector, ReloadCollector
 from gateway.observability.slo import SloCollector, SloTracker
 from gateway.observability.tracing import SpanDropCollector, Telemetry
 from gateway.observability.usage_metrics import LimiterCollector
@@ -66,6 +66,7 @@ def create_app(
     metrics.registry.register(LimiterCollector(lambda: app[LIVE].current.limiter))
     metrics.registry.register(SpanDropCollector(lambda: app[LIVE].current.telemetry))
     metrics.registry.register(ReloadCollector(lambda: app[LIVE].reload_counts()))
+    metrics.registry.register(KVEventCollector(lambda: app[LIVE].current.pools.values()))
     app[METRICS] = metrics
     app[SLO] = slo
     app[ORCHESTRATOR] = Orchestrator(metrics, slo)

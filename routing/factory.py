@@ -47,6 +47,14 @@ class MetricsObserver(Protocol):
     def observe_metrics(self, replica: Replica, sample: VllmMetrics) -> None: ...
 
 
+@runtime_checkable
+class HealthObserver(Protocol):
+    """A router whose knowledge of a replica dies with it (KV blocks): the pool says when the
+    replica leaves service (a failed check, an ejection); it may come back restarted."""
+
+    def replica_out(self, replica: Replica) -> None: ...
+
+
 def balance_settings(config: BalancedRouting) -> BalanceSettings:
     return BalanceSettings(
         epsilon=config.load_epsilon,

@@ -1,13 +1,7 @@
-"""vLLM KV-cache events: the wire format, and one subscriber task per replica.
+"""vLLM KV-cache events: one subscriber task per replica, following its publisher.
 
-What vLLM (0.32, `--kv-events-config` with the zmq publisher) sends, as measured here
-(as vLLM 0.32 publishes them): a PUB socket emits three-frame messages ``[topic, seq, payload]``:
-``seq`` is an 8-byte big-endian sequence number counted from 0 at engine start, ``payload`` a
-msgpack array ``[timestamp, events, data_parallel_rank]``. Each event is a map with a ``"type"``
-key (0.32) or, in older releases, a positional array whose first item is the type name
-(msgspec's ``array_like`` tagged structs): ``["BlockStored", block_hashes, parent_block_hash,
-token_ids, block_size, lora_id, medium?...]``, ``["BlockRemoved", block_hashes, medium?]``,
-``["AllBlocksCleared"]``. Both forms are accepted; unknown event types are skipped.
+A PUB socket emits ``[topic, seq, payload]`` (the format: routing/kv_format.py); ``seq`` counts
+from 0 at engine start.
 
 Missed batches: a ROUTER socket on the replay endpoint answers ``[b"", start_seq]`` (8 bytes)
 with ``[b"", topic, seq, payload]`` for each batch it still buffers from ``start_seq`` on, then
@@ -16,6 +10,21 @@ the missing range over a DEALER socket, then applies the live batch. A sequence 
 backwards means the engine restarted: its cache is empty, so the replica's state is cleared.
 A first batch with seq > 0 (the gateway started after the engine) triggers a replay from 0 to
 learn what the replay buffer (vLLM's ``buffer_steps``) still holds.
+
+Incomplete history. The index must only ever miss a hit, never claim a block the replica
+evicted, so whenever events are missing the replica's index is cleared (``resets`` counts it):
+batches a gap skipped that the replay could not supply (``lost``: gone from the buffer, no
+replay endpoint, a time-out; one may have been the ``BlockRemoved`` of a block we hold), and a
+batch that does not decode (``bad_batches``), skipped with its events unknown (its sequence
+number is still recorded, so the next batch is not a gap: the bad batch, still in the
+publisher's replay buffer, must not be replayed again and again), and a replica the pool takes
+out of service (``KVEventHub.forget``): a restarted engine whose new sequence numbers are
+already past the old ones would otherwise look like the same engine.
+
+Fairness. pyzmq hands over a message already queued without a trip through the event loop, so
+a backlog (a flood of events, a long replay) would hold the loop, and every request, until it
+drained. Each subscriber gives the loop a turn after ``YIELD_EVERY`` units of work (a batch
+counts one plus its events).
 """
 
 from __future__ import annotations
@@ -25,143 +34,18 @@ import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import urlsplit
 
-import msgpack  # type: ignore[import-untyped]
 import zmq
 import zmq.asyncio
 
+from routing.kv_format import EventBatch, KVEventFormatError, decode_batch, decode_seq
 from routing.replica import Replica
 
 log = logging.getLogger(__name__)
 
-BlockHash = int | bytes
-
-
-@dataclass(frozen=True, slots=True)
-class BlockStored:
-    block_hashes: tuple[BlockHash, ...]
-    parent_block_hash: BlockHash | None
-    token_ids: tuple[int, ...]
-    block_size: int
-    lora_id: int | None = None
-    medium: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BlockRemoved:
-    block_hashes: tuple[BlockHash, ...]
-    medium: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AllBlocksCleared:
-    medium: str | None = None
-
-
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
-
-
-@dataclass(frozen=True, slots=True)
-class EventBatch:
-    ts: float
-    events: tuple[KVEvent, ...]
-    dp_rank: int | None = None
-
-
-class KVEventFormatError(ValueError):
-    """A frame or payload that is not vLLM's KV-event format."""
-
-
-def _hash(value: Any) -> BlockHash:
-    if isinstance(value, bool) or not isinstance(value, int | bytes):
-        raise KVEventFormatError(f"block hash must be int or bytes, got {type(value).__name__}")
-    return value
-
-
-def _hashes(value: Any) -> tuple[BlockHash, ...]:
-    if not isinstance(value, list | tuple):
-        raise KVEventFormatError("block_hashes must be an array")
-    return tuple(_hash(v) for v in value)
-
-
-def _opt_str(value: Any) -> str | None:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value if isinstance(value, str) else None
-
-
-def _opt_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def parse_event(raw: Any) -> KVEvent | None:
-    """One event in the map form (0.32) or the positional-array form; None if unknown."""
-    if isinstance(raw, dict):
-        kind = _opt_str(raw.get("type"))
-        fields = raw
-        if kind == "BlockStored":
-            token_ids = fields.get("token_ids") or []
-            return BlockStored(
-                block_hashes=_hashes(fields.get("block_hashes", [])),
-                parent_block_hash=(
-                    None
-                    if fields.get("parent_block_hash") is None
-                    else _hash(fields["parent_block_hash"])
-                ),
-                token_ids=tuple(int(t) for t in token_ids),
-                block_size=int(fields.get("block_size", 0)),
-                lora_id=_opt_int(fields.get("lora_id")),
-                medium=_opt_str(fields.get("medium")),
-            )
-        if kind == "BlockRemoved":
-            return BlockRemoved(
-                _hashes(fields.get("block_hashes", [])), _opt_str(fields.get("medium"))
-            )
-        if kind == "AllBlocksCleared":
-            return AllBlocksCleared(_opt_str(fields.get("medium")))
-        return None
-    if isinstance(raw, list | tuple) and raw:
-        kind = _opt_str(raw[0])
-        rest = list(raw[1:])
-        if kind == "BlockStored":
-            if len(rest) < 4:
-                raise KVEventFormatError("BlockStored array needs at least 4 fields")
-            return BlockStored(
-                block_hashes=_hashes(rest[0]),
-                parent_block_hash=None if rest[1] is None else _hash(rest[1]),
-                token_ids=tuple(int(t) for t in rest[2]),
-                block_size=int(rest[3]),
-                lora_id=_opt_int(rest[4]) if len(rest) > 4 else None,
-                medium=_opt_str(rest[5]) if len(rest) > 5 else None,
-            )
-        if kind == "BlockRemoved":
-            if not rest:
-                raise KVEventFormatError("BlockRemoved array needs block_hashes")
-            return BlockRemoved(_hashes(rest[0]), _opt_str(rest[1]) if len(rest) > 1 else None)
-        if kind == "AllBlocksCleared":
-            return AllBlocksCleared(_opt_str(rest[0]) if rest else None)
-        return None
-    raise KVEventFormatError(f"event must be a map or an array, got {type(raw).__name__}")
-
-
-def decode_batch(payload: bytes) -> EventBatch:
-    try:
-        raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        raise KVEventFormatError(f"payload is not msgpack: {exc}") from exc
-    if not isinstance(raw, list | tuple) or len(raw) < 2 or not isinstance(raw[1], list | tuple):
-        raise KVEventFormatError("payload must be [timestamp, events, dp_rank]")
-    events = tuple(e for e in (parse_event(r) for r in raw[1]) if e is not None)
-    dp_rank = _opt_int(raw[2]) if len(raw) > 2 else None
-    return EventBatch(ts=float(raw[0]), events=events, dp_rank=dp_rank)
-
-
-def decode_seq(frame: bytes) -> int:
-    if len(frame) != 8:
-        raise KVEventFormatError(f"sequence frame must be 8 bytes, got {len(frame)}")
-    return int.from_bytes(frame, "big", signed=True)
+YIELD_EVERY = 256
 
 
 class KVEventSink(Protocol):
@@ -188,7 +72,9 @@ class SubscriberStats:
     replayed: int = 0
     lost: int = 0  # batches a gap skipped that the replay buffer no longer had
     restarts: int = 0
-    errors: int = 0
+    errors: int = 0  # messages without a sequence number we could read
+    bad_batches: int = 0  # batches that did not decode, skipped
+    resets: int = 0  # times the replica's index was cleared because events were missing
     last_seq: int | None = None
 
 
@@ -208,6 +94,7 @@ class KVEventSubscriber:
         self._ctx = context
         self._replay_timeout_s = replay_timeout_s
         self._sub: zmq.asyncio.Socket | None = None
+        self._work = 0  # since the loop last had a turn
         self.connected = asyncio.Event()
 
     async def run(self) -> None:
@@ -225,6 +112,7 @@ class KVEventSubscriber:
                 except KVEventFormatError as exc:
                     self.stats.errors += 1
                     log.warning("kv events from %s: %s", self.source.replica_name, exc)
+                await self._give_turn()
         finally:
             sub.close(linger=0)
             self._sub = None
@@ -243,27 +131,56 @@ class KVEventSubscriber:
         if seq > expected:
             self.stats.gaps += 1
             await self._replay(expected, seq)
-        self._apply(seq, decode_batch(frames[2]))
+        self._take(seq, frames[2])
 
-    def _apply(self, seq: int, batch: EventBatch) -> None:
+    def _take(self, seq: int, payload: bytes) -> bool:
+        """Apply batch ``seq``; one that does not decode is skipped (False) and counted."""
+        try:
+            batch = decode_batch(payload)
+        except KVEventFormatError as exc:
+            self.stats.bad_batches += 1
+            log.warning(
+                "kv events from %s: batch %d skipped: %s", self.source.replica_name, seq, exc
+            )
+            self._reset_index()
+            self.stats.last_seq = seq
+            return False
         self.sink.apply(self.source.replica_name, batch)
+        self._work += len(batch.events)
         self.stats.batches += 1
         self.stats.events += len(batch.events)
         self.stats.last_seq = seq
+        return True
+
+    async def _give_turn(self) -> None:
+        self._work += 1
+        if self._work >= YIELD_EVERY:
+            self._work = 0
+            await asyncio.sleep(0)
+
+    def _reset_index(self) -> None:
+        self.stats.resets += 1
+        self.sink.reset(self.source.replica_name)
 
     async def _replay(self, start: int, stop: int) -> None:
         """Apply buffered batches ``start <= seq < stop`` from the replay endpoint."""
-        got = 0
+        reached = start
         if self.source.replay_endpoint is not None:
-            got = await self._fetch_replay(start, stop)
-        self.stats.replayed += got
-        self.stats.lost += stop - start - got
+            reached = await self._fetch_replay(start, stop)
+        self._missed(reached, stop)
+
+    def _missed(self, start: int, stop: int) -> None:
+        """Batches ``start <= seq < stop`` will never come: one may have removed blocks."""
+        if stop > start:
+            self.stats.lost += stop - start
+            self._reset_index()
 
     async def _fetch_replay(self, start: int, stop: int) -> int:
+        """Replay from ``start``; the seq after the last batch taken (``start`` if none)."""
         assert self.source.replay_endpoint is not None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        got = 0
+        reached = start
         try:
             dealer.connect(self.source.replay_endpoint)
             await dealer.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
@@ -277,12 +194,15 @@ class KVEventSubscriber:
                 seq = decode_seq(frames[2] if len(frames) >= 4 else frames[1])
                 if seq < 0:
                     break
-                if start <= seq < stop and len(frames) >= 4:
-                    self._apply(seq, decode_batch(frames[3]))
-                    got += 1
+                if reached <= seq < stop and len(frames) >= 4:
+                    self._missed(reached, seq)  # the buffer starts after ``start``
+                    if self._take(seq, frames[3]):
+                        self.stats.replayed += 1
+                    reached = seq + 1
+                await self._give_turn()
         finally:
             dealer.close(linger=0)
-        return got
+        return reached
 
 
 class KVEventHub:
@@ -319,6 +239,16 @@ class KVEventHub:
                 sub.stats.errors += 1
                 log.exception("kv event subscriber for %s failed", sub.source.replica_name)
                 await asyncio.sleep(1.0)
+
+    def forget(self, replica_name: str) -> None:
+        """The replica left service: it may come back as a new engine, its cache empty and its
+        sequence numbers anywhere (past the old ones too), so drop its blocks and take its next
+        batch as a first one (a replay from 0)."""
+        self.sink.reset(replica_name)
+        sub = self.subscribers.get(replica_name)
+        if sub is not None:
+            sub.stats.resets += 1
+            sub.stats.last_seq = None
 
     async def stop(self) -> None:
         tasks = list(self._tasks.values())

@@ -9,7 +9,15 @@ per replica, ``vllm hash -> our key`` (for ``BlockRemoved``, which only names vL
 ``our key -> refcount``. A request is matched by tokenizing its routing text, cutting the ids
 into blocks of the replica's block size (read from the events) and walking the same chain.
 A stored block whose parent we never saw (events missed beyond the replay buffer) cannot be
-keyed and is skipped: it can only cost a missed hit, never a false one.
+keyed and is skipped: it can only cost a missed hit, never a false one. When events were missed
+(routing/kv_events.py) the subscriber ``reset``s the replica: a lost ``BlockRemoved`` would
+otherwise leave a block we believe held forever.
+
+Bound. A replica holds at most ``max_blocks`` blocks (default ``MAX_BLOCKS``, 2**19, 8M tokens
+of 16-token blocks: more than one GPU's cache even for a 0.5B model; about 200 bytes each, so
+at most ~100 MB per replica). Past it the block stored longest ago is dropped, as if removed: a
+replica that never reports removals (or whose removals we keep missing) costs bounded memory,
+and a dropped block is a missed hit only.
 
 Pending blocks. A replica announces blocks once the prefill computed them, tens to hundreds of
 milliseconds after we routed the request. Requests that share the prefix and arrive in that
@@ -38,11 +46,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from routing.kv_events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, EventBatch
+from routing.kv_format import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, EventBatch
 from routing.replica import Replica
 from routing.router import RoutingRequest
 
 ROOT_KEY = 0
+MAX_BLOCKS = 2**19
 
 
 class Tokenizer(Protocol):
@@ -100,7 +109,8 @@ def token_chain(tokens: Sequence[int], block_size: int) -> list[int]:
 
 @dataclass(slots=True)
 class ReplicaBlocks:
-    by_vllm_hash: dict[BlockHash, int] = field(default_factory=dict)
+    # In the order stored: the oldest is dropped first when the bound is reached.
+    by_vllm_hash: OrderedDict[BlockHash, int] = field(default_factory=OrderedDict)
     refs: dict[int, int] = field(default_factory=dict)  # our key -> vLLM blocks with it
     pending: OrderedDict[int, float] = field(default_factory=OrderedDict)  # key -> expiry
     block_size: int | None = None
@@ -114,6 +124,11 @@ class ReplicaBlocks:
             self.unref(old)
         self.by_vllm_hash[vllm_hash] = key
         self.refs[key] = self.refs.get(key, 0) + 1
+
+    def drop_oldest(self, keep: int) -> None:
+        while len(self.by_vllm_hash) > keep:
+            _, key = self.by_vllm_hash.popitem(last=False)
+            self.unref(key)
 
     def remove(self, vllm_hash: BlockHash) -> None:
         key = self.by_vllm_hash.pop(vllm_hash, None)
@@ -143,8 +158,10 @@ class KVBlockIndex:
         pending_ttl_s: float = 2.0,
         media: frozenset[str] = frozenset({"GPU", "gpu"}),
         clock: Callable[[], float] = time.monotonic,
+        max_blocks: int = MAX_BLOCKS,
     ) -> None:
         self.tokenizer = tokenizer
+        self.max_blocks = max_blocks
         self.default_block_size = default_block_size
         self.pending_ttl_s = pending_ttl_s
         self.media = media
@@ -196,6 +213,7 @@ class KVBlockIndex:
             parent = block_key(parent, chunk, event.lora_id)
             blocks.store(h, parent)
             blocks.pending.pop(parent, None)
+        blocks.drop_oldest(self.max_blocks)
 
     # -- matching -----------------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ backends naming one URL keep their own connections, limits and counts).
 Active checks (``GET /health`` on vLLM replicas) run every ``health.interval_s`` and decide
 health on their own: a failed check takes a replica out, a passing one brings it back. Passive
 ejection (consecutive connect errors or 5xx from proxied requests) is recorded on the
-``Replica``. Model discovery asks ``GET /v1/models`` so a pool can expose what it serves.
+``Replica``. Each round tells a ``HealthObserver`` router which replicas left service since
+the last (a precise prefix router then forgets their KV blocks: they may come back restarted). Model discovery asks ``GET /v1/models`` so a pool can expose what it serves.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from yarl import URL
 
 from policies.routing import RoutingConfig
 from routing.admission import AdmissionQueue
-from routing.factory import BackgroundRouter, MetricsObserver
+from routing.factory import BackgroundRouter, HealthObserver, MetricsObserver
 from routing.http1 import Http1Pool
 from routing.metrics_scrape import MetricsListener, MetricsScraper
 from routing.replica import InFlight, Replica
@@ -114,6 +115,7 @@ class BackendPool:
     _scraper: MetricsScraper | None = None
     _router_running: bool = False
     _queue_until: int | None = None  # the admission queue went to a new pool at this epoch
+    _out: set[str] = field(default_factory=set)  # base URLs the router was told are out
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -262,8 +264,20 @@ class BackendPool:
     async def refresh(self) -> None:
         if self.settings.active_health:
             await asyncio.gather(*(self._check(r) for r in self.replicas))
+        self._tell_router_who_left()
         if self.settings.discover_models:
             await self._discover()
+
+    def _tell_router_who_left(self) -> None:
+        """Once per stay out of service (a failed check, or an ejection seen by this round)."""
+        if not isinstance(self.router, HealthObserver):
+            return
+        for replica in self.replicas:
+            if replica.healthy:
+                self._out.discard(replica.base_url)
+            elif replica.base_url not in self._out:
+                self._out.add(replica.base_url)
+                self.router.replica_out(replica)
 
     async def _loop(self) -> None:
         while True:

@@ -387,3 +387,6 @@ class PrecisePrefixRouter(PrefixAwareRouter):
 
     async def stop(self) -> None:
         await self.events.stop()
+
+    def replica_out(self, replica: Replica) -> None:
+        self.events.forget(replica.name)

@@ -21,6 +21,9 @@ from gateway.observability.loop_metrics import (
     LoopHistogram,
 )
 from gateway.observability.usage_metrics import UsageMetrics
+from routing.kv_events import SubscriberStats
+from routing.pool import BackendPool
+from routing.prefix import PrecisePrefixRouter
 from routing.replica import Replica
 
 LATENCY_BUCKETS = (
@@ -87,6 +90,32 @@ class _ReplicaCollector(Collector):
             outstanding.add_metric([r.backend, r.name], float(r.outstanding))
         yield healthy
         yield outstanding
+
+
+class KVEventCollector(Collector):
+    """``llm_gateway_kv_events_total{backend,replica,event}``: what each replica's KV-event
+    subscriber saw (strategy prefix_precise), read at scrape time from its stats."""
+
+    EVENTS = tuple(f for f in SubscriberStats.__slots__ if f != "last_seq")
+
+    def __init__(self, pools: Callable[[], Iterable[BackendPool]]) -> None:
+        self._pools = pools
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "llm_gateway_kv_events",
+            "KV-event subscribers: batches and events applied, gaps, batches replayed and "
+            "lost, engine restarts, unreadable messages, bad_batches (skipped), index resets",
+            labels=["backend", "replica", "event"],
+        )
+        for pool in self._pools():
+            if not isinstance(pool.router, PrecisePrefixRouter):
+                continue
+            for replica, sub in pool.router.events.subscribers.items():
+                for event in self.EVENTS:
+                    value = float(getattr(sub.stats, event))
+                    family.add_metric([pool.name, replica, event], value)
+        yield family
 
 
 class GatewayMetrics:

@@ -1,41 +1,26 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 import pytest
 import zmq
 import zmq.asyncio
 
-from routing.kv_events import (
+from routing.kv_events import KVEventHub, KVEventSource
+from routing.kv_format import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     EventBatch,
     KVEventFormatError,
-    KVEventHub,
-    KVEventSource,
     decode_batch,
     decode_seq,
     parse_event,
 )
 from routing.kv_index import CallableTokenizer, KVBlockIndex, token_chain
 from tests.routing.helpers import pool, req
-
-STORED_MAP = {
-    "type": "BlockStored",
-    "block_hashes": [17966083335939800687, 5389192360090007439],
-    "parent_block_hash": None,
-    "token_ids": list(range(8)),
-    "block_size": 4,
-    "lora_id": None,
-    "medium": "GPU",
-    "lora_name": None,
-    "extra_keys": [None, None],
-    "group_idx": 0,
-    "kv_cache_spec_kind": "full_attention",
-}
+from tests.routing.kv_fakes import STORED_MAP, FakePublisher, block, ids, wait_for
 
 
 def test_parse_map_form() -> None:
@@ -79,10 +64,6 @@ def test_decode_batch_and_seq() -> None:
     assert [type(e).__name__ for e in batch.events] == ["BlockStored", "BlockRemoved"]
     assert decode_seq((7).to_bytes(8, "big")) == 7
     assert decode_seq((-1).to_bytes(8, "big", signed=True)) == -1
-
-
-def ids(text: str) -> list[int]:
-    return [ord(c) for c in text]
 
 
 def stored(hashes: list[int], parent: int | None, tokens: list[int], bs: int) -> BlockStored:
@@ -144,58 +125,6 @@ def test_pending_blocks_count_until_they_expire() -> None:
     clock.t = 2.5
     assert index.probe(req("abcdefghXY")).matched(r[1]) == 0
     assert token_chain(ids("abcdefgh"), 4) == index.probe(req("abcdefgh"))._chain(r[1].name)
-
-
-class FakePublisher:
-    """vLLM's publisher shape, on XPUB so the test can wait for the subscription."""
-
-    def __init__(self, ctx: zmq.asyncio.Context) -> None:
-        self.pub = ctx.socket(zmq.XPUB)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.router = ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        port = self.pub.bind_to_random_port("tcp://127.0.0.1")
-        rport = self.router.bind_to_random_port("tcp://127.0.0.1")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
-        self.replay_endpoint = f"tcp://127.0.0.1:{rport}"
-        self.kept: dict[int, bytes] = {}
-        self.replay_requests: list[int] = []
-
-    async def subscribed(self) -> None:
-        frame = await self.pub.recv()
-        assert frame[0] == 1
-
-    async def publish(self, seq: int, events: list[Any], *, keep_only: bool = False) -> None:
-        payload = msgpack.packb([0.0, events, 0])
-        self.kept[seq] = payload
-        if not keep_only:
-            await self.pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payload])
-
-    async def serve_replay(self) -> None:
-        client, _, start = await self.router.recv_multipart()
-        first = int.from_bytes(start, "big")
-        self.replay_requests.append(first)
-        for seq in sorted(s for s in self.kept if s >= first):
-            await self.router.send_multipart(
-                [client, b"", b"kv", seq.to_bytes(8, "big"), self.kept[seq]]
-            )
-        await self.router.send_multipart([client, b"", (-1).to_bytes(8, "big", signed=True), b""])
-
-    def close(self) -> None:
-        self.pub.close(0)
-        self.router.close(0)
-
-
-def block(h: int, parent: int | None, text: str) -> dict[str, Any]:
-    return {**STORED_MAP, "block_hashes": [h], "parent_block_hash": parent,
-            "token_ids": ids(text), "block_size": 4}  # fmt: skip
-
-
-async def wait_for(cond: Any) -> None:
-    """Poll a condition the subscriber task makes true (it exposes no event to await)."""
-    async with asyncio.timeout(5.0):
-        while not cond():  # noqa: ASYNC110
-            await asyncio.sleep(0.005)
 
 
 async def test_subscriber_replays_gaps_and_detects_restarts() -> None:

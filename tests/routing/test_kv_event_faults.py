@@ -1,0 +1,196 @@
+"""KV events that go wrong: bad batches, lost batches, restarted engines, floods.
+
+Each test runs the subscriber against a fake publisher on real ZMQ sockets (loopback TCP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import msgpack  # type: ignore[import-untyped]
+import pytest
+import zmq.asyncio
+
+from gateway.observability.metrics import KVEventCollector
+from routing.kv_events import KVEventSource, KVEventSubscriber
+from routing.kv_format import BlockRemoved, BlockStored, EventBatch
+from routing.kv_index import CallableTokenizer, KVBlockIndex
+from routing.pool import BackendPool, PoolSettings
+from routing.prefix import PrecisePrefixRouter
+from routing.replica import Replica
+from tests.conftest import FakeFactory
+from tests.routing.helpers import pool, req
+from tests.routing.kv_fakes import FakePublisher, block, ids, wait_for
+
+
+@dataclass
+class Rig:
+    fake: FakePublisher
+    router: PrecisePrefixRouter
+    replica: Replica
+
+    @property
+    def sub(self) -> KVEventSubscriber:
+        return self.router.events.subscribers[self.replica.name]
+
+    def matched(self, text: str) -> int:
+        return self.router.blocks.probe(req(text)).matched(self.replica)
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    """One replica's publisher (answering replays) and a started precise router."""
+    ctx = zmq.asyncio.Context()
+    fake = FakePublisher(ctx)
+    replica = Replica("b", "http://10.0.0.1:8000/v1")
+    source = KVEventSource(replica.name, fake.endpoint, fake.replay_endpoint)
+    router = PrecisePrefixRouter(
+        CallableTokenizer(ids), sources=lambda _: [source], pending_ttl_s=0
+    )
+    replays = asyncio.create_task(fake.serve_replays())
+    await router.start([replica])
+    await fake.subscribed()
+    try:
+        yield Rig(fake, router, replica)
+    finally:
+        replays.cancel()
+        await router.stop()
+        fake.close()
+        ctx.term()
+
+
+BAD_PAYLOADS = {
+    "not msgpack": b"\xc1\xc1\xc1",
+    "text token ids": msgpack.packb([0.0, [{**block(9, None, "wxyz"), "token_ids": ["x"] * 4}], 0]),
+    "text timestamp": msgpack.packb(["not-a-time", [], 0]),
+    "text block size": msgpack.packb([0.0, [{**block(9, None, "wxyz"), "block_size": "4"}], 0]),
+}
+
+
+@pytest.mark.parametrize("payload", BAD_PAYLOADS.values(), ids=BAD_PAYLOADS.keys())
+async def test_a_bad_batch_is_skipped_and_later_batches_still_apply(
+    rig: Rig, payload: bytes
+) -> None:
+    await rig.fake.publish(0, [block(1, None, "abcd")])
+    await wait_for(lambda: rig.sub.stats.last_seq == 0)
+    # The bad batch stays in the publisher's replay buffer, as it does in vLLM's.
+    await rig.fake.publish_payload(1, payload)
+    await rig.fake.publish(2, [block(2, None, "efgh")])
+    await wait_for(lambda: rig.sub.stats.last_seq == 2)
+    await rig.fake.publish(3, [block(3, 2, "ijkl")])
+    await wait_for(lambda: rig.sub.stats.last_seq == 3)
+    assert rig.matched("efghijkl") == 2
+    # Skipped, not replayed; the subscriber never broke (errors count broken messages).
+    assert rig.fake.replay_requests == []
+    assert rig.sub.stats.bad_batches == 1 and rig.sub.stats.errors == 0
+    # What the bad batch did is unknown: the blocks before it no longer count.
+    assert rig.matched("abcd") == 0
+    pool = BackendPool(
+        PoolSettings("b", "vllm", (rig.replica.base_url,), None, False, 60, 1, 3, 10, False),
+        rig.router,
+        replicas=[rig.replica],
+    )
+    [family] = KVEventCollector(lambda: [pool]).collect()
+    counts = {s.labels["event"]: s.value for s in family.samples}
+    assert counts["bad_batches"] == 1 and counts["batches"] == 3
+
+
+async def test_a_lost_removal_clears_the_replicas_blocks(rig: Rig) -> None:
+    await rig.fake.publish(0, [block(1, None, "abcd")])
+    await wait_for(lambda: rig.sub.stats.last_seq == 0)
+    assert rig.matched("abcd") == 1
+    # Batch 1 evicts "abcd"; it never arrives and is gone from the replay buffer by the time
+    # batch 3 reveals the gap; batch 2 is still there.
+    await rig.fake.publish(1, [{"type": "BlockRemoved", "block_hashes": [1]}], keep_only=True)
+    await rig.fake.publish(2, [block(2, None, "efgh")], keep_only=True)
+    rig.fake.forget_before(2)
+    await rig.fake.publish(3, [block(3, 2, "ijkl")])
+    await wait_for(lambda: rig.sub.stats.last_seq == 3)
+    assert rig.fake.replay_requests == [1]
+    assert rig.sub.stats.lost == 1 and rig.sub.stats.replayed == 1
+    assert rig.matched("abcd") == 0  # a missed hit at worst, never a false one
+    assert rig.matched("efghijkl") == 2  # what came after the loss counts
+
+
+def test_the_index_holds_at_most_max_blocks_per_replica() -> None:
+    index = KVBlockIndex(CallableTokenizer(ids), pending_ttl_s=0, max_blocks=8)
+    [r] = pool(1)
+    texts = [f"{i:04d}" for i in range(20)]  # 20 one-block prefixes, never removed
+    for i, text in enumerate(texts):
+        index.apply(r.name, EventBatch(0, (BlockStored((i,), None, tuple(ids(text)), 4),)))
+    assert index.held_blocks(r.name) == 8
+    assert len(index.replicas[r.name].by_vllm_hash) == 8
+    # The oldest went first; the newest still match.
+    assert [index.probe(req(t)).matched(r) for t in texts[11:13]] == [0, 1]
+    # Removing a dropped block later is harmless.
+    index.apply(r.name, EventBatch(0, (BlockRemoved((0, 19)),)))
+    assert index.held_blocks(r.name) == 7
+
+
+async def test_a_replica_that_restarts_while_out_of_service_loses_its_blocks(
+    make_fake: FakeFactory,
+) -> None:
+    up = await make_fake()
+    ctx = zmq.asyncio.Context()
+    fake = FakePublisher(ctx)
+    settings = PoolSettings("b", "vllm", (up.url,), None, True, 60, 1, 3, 10, False)
+    sources = lambda replicas: [  # noqa: E731
+        KVEventSource(replicas[0].name, fake.endpoint, fake.replay_endpoint)
+    ]
+    router = PrecisePrefixRouter(CallableTokenizer(ids), sources=sources, pending_ttl_s=0)
+    pool = BackendPool(settings, router)
+    replays = asyncio.create_task(fake.serve_replays())
+    await pool.start()
+    try:
+        await fake.subscribed()
+        [replica] = pool.replicas
+        sub = router.events.subscribers[replica.name]
+        for seq, text in enumerate(["aaaa", "bbbb", "abcd"]):
+            await fake.publish(seq, [block(seq + 1, None, text)])
+        await wait_for(lambda: sub.stats.last_seq == 2)
+        assert router.blocks.probe(req("abcd")).matched(replica) == 1
+        # The engine goes down and its health check fails...
+        up.fake.healthy = False
+        await pool.refresh()
+        assert not replica.healthy
+        # ... and comes back as a new engine: empty cache, sequence numbers from 0, and the
+        # first batches published before we hear it (seq 3 is already past the old engine's).
+        fake.kept.clear()
+        up.fake.healthy = True
+        await pool.refresh()
+        assert replica.healthy
+        for seq in range(3):
+            await fake.publish(seq, [block(100 + seq, None, f"new{seq}")], keep_only=True)
+        await fake.publish(3, [block(103, None, "new3")])
+        await wait_for(lambda: sub.stats.last_seq == 3)
+        assert router.blocks.probe(req("abcd")).matched(replica) == 0
+        assert fake.replay_requests == [0]  # the new engine's batches from its first
+        held = [router.blocks.probe(req(f"new{i}")).matched(replica) for i in range(4)]
+        assert held == [1, 1, 1, 1]
+    finally:
+        replays.cancel()
+        await pool.stop()
+        fake.close()
+        ctx.term()
+
+
+async def test_a_backlog_of_events_leaves_turns_to_requests(
+    rig: Rig, make_fake: FakeFactory
+) -> None:
+    up = await make_fake()
+    n = 20_000
+    # Queued at once (a send that need not wait does not yield): the subscriber drains them
+    # from the first turn the loop gets.
+    for seq in range(n):
+        await rig.fake.publish(seq, [block(seq + 1, None, f"{seq:05d}"[1:])])
+    answered_while_draining = 0
+    async with aiohttp.ClientSession() as http, asyncio.timeout(60):
+        while rig.sub.stats.last_seq != n - 1:
+            async with http.get(up.url.removesuffix("/v1") + "/health") as resp:
+                assert resp.status == 200
+            if rig.sub.stats.batches < n:
+                answered_while_draining += 1
+    assert answered_while_draining >= 3
