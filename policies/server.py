@@ -8,7 +8,8 @@ server:
   max_response_bytes: 67108864    # a non-streamed upstream answer above this is a 502
   header_timeout_s: 15            # the request line and headers must arrive within this (408)
   body_timeout_s: 60              # the whole request body must arrive within this (408)
-  keepalive_timeout_s: 75         # an idle keep-alive connection is closed after this
+  keepalive_timeout_s: 75         # a connection idle between requests is closed after this
+                                  # (a head awaited or arriving has header_timeout_s instead)
   max_client_connections: 1024    # open client connections; beyond: the oldest idle one closes,
                                   # or 503 when none is idle (capped by the open-file limit)
   admin_token_env: null           # a variable holding the admin token (/admin/*: Bearer token)
