@@ -18,11 +18,13 @@ server:
   access_log: false               # one line per request: no prompt, no key
   cors: null                      # {allow_origins: ["https://app.example"], ...} for browsers
   surface_header: X-Surface       # the request header that selects a surface
-  retry_after_s: 2                # Retry-After on 503
+  retry_after_s: 2                # Retry-After on a 503 no_healthy_replica, upstream_saturated,
+                                  # store_unavailable (admission's 503 estimates its own, 1-60 s)
 admission:                        # how each backend's admission queue behaves
   max_outstanding_per_replica: 64 # saturated when the gateway has this many in flight per replica
   max_waiting: 0                  # ... or when every replica's scraped vLLM queue exceeds this
-  queue_timeout_s: 30             # nobody waits longer than this (then 503 + Retry-After)
+  queue_timeout_s: 30             # nobody waits longer than this (then 503 + Retry-After: the
+                                  # requests queued / recent admissions a second, 1-60 s)
   max_queue: 10000                # beyond this many waiting, refuse at once
   aging_s: 10                     # each aging_s of waiting counts as one priority class
 telemetry:
