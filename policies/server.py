@@ -87,6 +87,7 @@ class CorsConfig(Strict):
         "Anthropic-Beta",
         "Anthropic-Dangerous-Direct-Browser-Access",
     ]  # a name ending in "*" allows every header it begins (a preflight's are echoed back)
+    # (server.surface_header is allowed besides, whatever this list says: gateway.middleware)
     expose_headers: list[str] = [
         "x-request-id",
         "request-id",

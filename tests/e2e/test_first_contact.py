@@ -209,6 +209,35 @@ async def test_cors_is_opt_in(make_fake: FakeFactory, make_gateway: GatewayFacto
             assert "Access-Control-Allow-Origin" not in r.headers
 
 
+async def test_cors_allows_the_header_that_selects_a_surface_whatever_its_name(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    origin = "https://app.example"
+
+    async def allowed_headers(server: dict[str, Any], asked: str) -> set[str]:
+        gw = await make_gateway(policy(up.url, server=server))
+        preflight = {
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": asked,
+        }
+        async with (
+            aiohttp.ClientSession() as s,
+            s.options(gw.base_url + "/chat/completions", headers=preflight) as r,
+        ):
+            assert r.status == 204
+            return {h.strip().lower() for h in r.headers["Access-Control-Allow-Headers"].split(",")}
+
+    renamed = {"cors": {"allow_origins": [origin]}, "surface_header": "X-Lane"}
+    assert "x-lane" in await allowed_headers(renamed, "content-type, x-lane")
+    assert "x-lane" in await allowed_headers(renamed, "content-type")  # listed unasked too
+    # a CORS list of its own that leaves the surface header out still allows it
+    own_list = {"cors": {"allow_origins": [origin], "allow_headers": ["Content-Type"]}}
+    allowed = await allowed_headers(own_list, "content-type, x-surface, x-other")
+    assert "x-surface" in allowed and "x-other" not in allowed
+
+
 async def test_a_photo_sized_image_fits_the_default_body_limit(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
