@@ -11,8 +11,9 @@ every response (streams included: the signal runs before the headers are sent) c
 CORS headers for an allowed origin.
 
 The access log (``server.access_log``) is one line per request: peer, method, path (no query
-string), status, duration, model label, backend, replica and request id. Never a header value,
-a key, a prompt or a completion.
+string), status, duration, model label, backend, replica (the one that answered, else the one
+last tried: ``Call.tried``) and request id. Never a header value, a key, a prompt or a
+completion.
 """
 
 from __future__ import annotations

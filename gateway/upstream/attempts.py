@@ -314,6 +314,7 @@ class AttemptOpener:
             hedge=is_hedge,
             provider=None if provider is None else pool.settings.kind,
         )
+        call.tried = (pool.name, replica.name)
         headers = call.headers.copy()
         headers.update(pool.auth_headers() if provider is None else provider.headers)
         if provider is None and call.plan.name != "default" and "priority" not in call.parsed.body:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -112,6 +113,37 @@ async def test_access_log_is_opt_in_and_carries_no_key_or_prompt(
     assert "POST /v1/chat/completions 200" in lines[0] and "model=m" in lines[0]
     assert "GET /healthz 200" in lines[1]
     assert not any(key in line or "capital of France" in line for line in lines)
+
+
+async def test_access_log_names_the_replica_of_a_failed_attempt(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request whose attempt timed out names the replica it went to (it said
+    ``backend=- replica=-``), in the access log and in the request counter."""
+    caplog.set_level(logging.INFO, logger="llm_gateway.access")
+    up = await make_fake()
+    backend = vllm(up.url, timeouts={"first_byte_s": 0.3})
+    gw = await make_gateway(
+        build_policy(
+            {"up": backend},
+            {"m": {"backend": "up", "model": "fake-model"}},
+            server={"access_log": True},
+        )
+    )
+    up.fake.queue("hang")
+    with pytest.raises(openai.APIStatusError) as info:
+        await gw.client.chat.completions.create(model="m", messages=QUESTION)
+    assert info.value.status_code == 504
+    replica = up.url.split("//")[1].removesuffix("/v1")
+    lines = [r.getMessage() for r in caplog.records if r.name == "llm_gateway.access"]
+    assert len(lines) == 1 and "POST /v1/chat/completions 504" in lines[0], lines
+    assert f"model=m backend=up replica={replica} " in lines[0], lines[0]
+    async with aiohttp.ClientSession() as s, s.get(gw.root + "/metrics") as r:
+        metrics = await r.text()
+    assert (
+        f'llm_gateway_requests_total{{backend="up",model="m",replica="{replica}",status="504"}}'
+        in metrics
+    )
 
 
 def test_faiss_loader_noise_is_gone() -> None:
