@@ -5,7 +5,8 @@ the gap between them) and by a script of per-request actions that a test queues 
 (``"ok"``, ``"status:503"``, ``"drop"``, ``"hang"``, ``"midstream_drop"``, ``"hold_end:0.2"``:
 a stream's ``data: [DONE]`` sent, its end held back 0.2 s; ``"tool_call"``: a call of the
 request's first tool; ``"html"``: a 200 error page; ``"truncated"``: a JSON answer cut short;
-``"stall_body"``: a JSON answer's headers and first bytes, then nothing more;
+``"stall_body"``: a JSON answer's headers and first bytes, then nothing more; ``"ttft:2"``: a
+stream's head at once, its first chunk 2 s later, as vLLM sends them;
 ``"big:N"``: an answer padded by N bytes; ``"ratelimit:0.5"``: a 429 as OpenAI sends it, asking
 to retry in 0.5 s...). With ``gzip`` every answer is compressed whatever the client accepts, as
 CDNs do. Nothing is random. Like vLLM it also serves ``POST /tokenize`` and ``POST
@@ -179,6 +180,7 @@ class FakeUpstream:
                 midstream_drop=action == "midstream_drop",
                 hold_end=hold_end,
                 tool_call=action == "tool_call",
+                ttft=float(action.split(":", 1)[1]) if action.startswith("ttft:") else 0.0,
             )
         self.completed += 1
         resp = web.json_response(
@@ -289,6 +291,7 @@ class FakeUpstream:
         midstream_drop: bool,
         hold_end: float = 0.0,
         tool_call: bool = False,
+        ttft: float = 0.0,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(
             headers={**UPSTREAM_ID, **self.settings.headers, "Content-Type": "text/event-stream"}
@@ -296,6 +299,8 @@ class FakeUpstream:
         if self.settings.gzip:
             resp.enable_compression(web.ContentCoding.gzip)
         await resp.prepare(request)
+        if ttft:  # the head went out; the first token takes this long
+            await asyncio.sleep(ttft)
         model = body.get("model", self.settings.models[0])
         kind = "chat.completion.chunk" if chat else "text_completion"
         gap = self.settings.chunk_interval_ms / 1000

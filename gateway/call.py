@@ -146,6 +146,9 @@ class Call:
     # usage chunk is taken out of what the client gets (gateway.protocol.usage).
     strip_usage: bool = False
     leases: Leases = field(default_factory=Leases)  # the attempts opened, released at the end
+    # (backend, replica) of the last attempt begun: a request that fails with no answer is
+    # labelled (metrics, access log) with it, as an answered one is with its answer's.
+    tried: tuple[str, str] | None = None
     _prompt_text: str | None = field(default=None)
 
     def routing_text(self) -> str:

@@ -10,7 +10,10 @@ that adds, from ``ConnectionLimits``:
 - a head deadline (``server.header_timeout_s``): from a connection's start, or from the first byte of
   each later request, the whole request line and headers must arrive in time; else 408 (when
   bytes came) and close. Slowloris connections end here.
-- idle keep-alive (``server.keepalive_timeout_s``): aiohttp's timer, with a bound that suits proxies and LBs.
+- idle keep-alive (``server.keepalive_timeout_s``): aiohttp's timer, with a bound that suits proxies
+  and LBs. It closes a connection idle between requests only: while a head is awaited (a new
+  connection's first) or arriving, the head deadline governs, so a keep-alive bound shorter than
+  the head deadline neither cuts a head still coming nor closes it without its 408.
 - a cap on open connections (``server.max_client_connections``): at the cap, a new connection closes the
   oldest idle one, else the one that has been sending its body longest, past ``SLOW_BODY_S``
   (a slow upload under a full house is shed before a new client is refused); when none
@@ -182,6 +185,12 @@ class GuardedHandler(RequestHandler):
             self._head_deadline = None
             self.head_since = None
             self._head_count = self._request_count
+
+    def _process_keepalive(self) -> None:
+        if self._head_deadline is not None:  # a head is awaited: its deadline governs
+            self._keepalive_handle = None  # aiohttp re-arms it after the next answer
+            return
+        super()._process_keepalive()
 
     def _head_deadline_passed(self) -> None:
         self._head_deadline = None

@@ -11,8 +11,9 @@ every response (streams included: the signal runs before the headers are sent) c
 CORS headers for an allowed origin.
 
 The access log (``server.access_log``) is one line per request: peer, method, path (no query
-string), status, duration, model label, backend, replica and request id. Never a header value,
-a key, a prompt or a completion.
+string), status, duration, model label, backend, replica (the one that answered, else the one
+last tried: ``Call.tried``) and request id. Never a header value, a key, a prompt or a
+completion.
 """
 
 from __future__ import annotations
@@ -225,10 +226,11 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
             error_body("origin not allowed (server.cors)", "permission_error", "cors"), status=403
         )
     cors, origin = allowed
+    server = request.app[LIVE].current.policy.server
     headers = {
         "Access-Control-Allow-Origin": origin,
         "Access-Control-Allow-Methods": _PREFLIGHT_METHODS,
-        "Access-Control-Allow-Headers": _allowed_headers(request, cors),
+        "Access-Control-Allow-Headers": _allowed_headers(request, cors, server.surface_header),
         "Access-Control-Max-Age": str(cors.max_age_s),
         "Vary": "Origin",
     }
@@ -237,13 +239,18 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return web.Response(status=204, headers=headers)
 
 
-def _allowed_headers(request: web.Request, cors: CorsConfig) -> str:
+def _allowed_headers(request: web.Request, cors: CorsConfig, surface_header: str) -> str:
     """The preflight's requested headers that the policy allows (browsers match names exactly:
-    a pattern such as ``X-Stainless-*`` is answered with the names it covers)."""
+    a pattern such as ``X-Stainless-*`` is answered with the names it covers). The header that
+    selects a surface (``server.surface_header``) is always allowed, renamed or not: a browser
+    could not choose a surface otherwise."""
     asked = request.headers.get("Access-Control-Request-Headers", "")
     names = [name.strip() for name in asked.split(",") if name.strip()]
-    allowed = [name for name in names if cors.allows_header(name)]
+    surface = surface_header.lower()
+    allowed = [name for name in names if cors.allows_header(name) or name.lower() == surface]
     plain = [name for name in cors.allow_headers if not name.endswith("*")]
+    if not cors.allows_header(surface_header):
+        plain.append(surface_header)
     return ", ".join(dict.fromkeys(allowed + plain))
 
 

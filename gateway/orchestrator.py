@@ -28,7 +28,7 @@ from gateway.call import (
     read_body,
     upstream_headers,
 )
-from gateway.errors import BadRequest, Unavailable, stopping
+from gateway.errors import BadRequest, GatewayError, Unavailable, stopping
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.slo import RequestTiming, SloTracker
 from gateway.protocol.openai import Endpoint, ParsedRequest, parse_request
@@ -117,7 +117,11 @@ class Orchestrator:
                     self.recorder.record(call, served)  # latency per replica, the SLO, the span
                     self.fill_cache(call, lookup, served, quota)  # in the background, if it fits
                     return done(served.relayed)
+        except GatewayError:
+            _label_tried(call)
+            raise
         except asyncio.CancelledError as exc:
+            _label_tried(call)
             if not stopping(exc) or call.request.get(ANSWER_STARTED):
                 raise
             # The server's drain reached its bound before an answer began: a 503 to retry
@@ -424,6 +428,14 @@ def _label(call: Call, attempt: Attempt) -> None:
     """The request's metric labels: the model asked for, the backend and replica serving it."""
     pool, replica = attempt.target.pool.name, attempt.decision.replica.name
     call.request[LABELS_KEY] = (call.parsed.model, pool, replica)
+
+
+def _label_tried(call: Call) -> None:
+    """A request that ended with no answer served (an upstream time-out, a 502, the client
+    gone) is labelled with the replica its last attempt went to, when one was tried."""
+    labels = call.request.get(LABELS_KEY)
+    if call.tried is not None and labels is not None and not labels[2]:
+        call.request[LABELS_KEY] = (labels[0], *call.tried)
 
 
 def _attempt_headers(attempt: Attempt) -> dict[str, str]:

@@ -8,7 +8,8 @@ server:
   max_response_bytes: 67108864    # a non-streamed upstream answer above this is a 502
   header_timeout_s: 15            # the request line and headers must arrive within this (408)
   body_timeout_s: 60              # the whole request body must arrive within this (408)
-  keepalive_timeout_s: 75         # an idle keep-alive connection is closed after this
+  keepalive_timeout_s: 75         # a connection idle between requests is closed after this
+                                  # (a head awaited or arriving has header_timeout_s instead)
   max_client_connections: 1024    # open client connections; beyond: the oldest idle one closes,
                                   # or 503 when none is idle (capped by the open-file limit)
   admin_token_env: null           # a variable holding the admin token (/admin/*: Bearer token)
@@ -17,11 +18,13 @@ server:
   access_log: false               # one line per request: no prompt, no key
   cors: null                      # {allow_origins: ["https://app.example"], ...} for browsers
   surface_header: X-Surface       # the request header that selects a surface
-  retry_after_s: 2                # Retry-After on 503
+  retry_after_s: 2                # Retry-After on a 503 no_healthy_replica, upstream_saturated,
+                                  # store_unavailable (admission's 503 estimates its own, 1-60 s)
 admission:                        # how each backend's admission queue behaves
   max_outstanding_per_replica: 64 # saturated when the gateway has this many in flight per replica
   max_waiting: 0                  # ... or when every replica's scraped vLLM queue exceeds this
-  queue_timeout_s: 30             # nobody waits longer than this (then 503 + Retry-After)
+  queue_timeout_s: 30             # nobody waits longer than this (then 503 + Retry-After: the
+                                  # requests queued / recent admissions a second, 1-60 s)
   max_queue: 10000                # beyond this many waiting, refuse at once
   aging_s: 10                     # each aging_s of waiting counts as one priority class
 telemetry:
@@ -84,6 +87,7 @@ class CorsConfig(Strict):
         "Anthropic-Beta",
         "Anthropic-Dangerous-Direct-Browser-Access",
     ]  # a name ending in "*" allows every header it begins (a preflight's are echoed back)
+    # (server.surface_header is allowed besides, whatever this list says: gateway.middleware)
     expose_headers: list[str] = [
         "x-request-id",
         "request-id",

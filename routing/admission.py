@@ -20,7 +20,10 @@ replaced pool knows when the requests it admitted, or will, are done (``held_bef
 Nothing waits forever: a waiter leaves with ``AdmissionRejected`` after ``max_wait_s`` (what
 is left of its latency budget, given by the caller) or after ``queue_timeout_s``, and a
 full queue (``max_queue``) refuses at once. The orchestrator maps the error to 503 with
-``Retry-After``. A cancelled waiter (client gone) leaves the queue; a slot granted to a waiter
+``Retry-After``: the requests queued (the rejected one included) over the rate the queue
+admitted at in the last few seconds, rounded up and kept within 1-60 s (1 while none was
+admitted). It is this queue's own estimate, so ``server.retry_after_s`` (the fixed value of
+routing's other 503s) does not apply. A cancelled waiter (client gone) leaves the queue; a slot granted to a waiter
 that was cancelled at the same moment is handed on.
 """
 

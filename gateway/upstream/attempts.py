@@ -8,7 +8,9 @@ to a second replica (among the others not paced after a 429: the router's ``peek
 moves no turn and records nothing, where it has one (a prefix router: the replica holding the
 prompt's prefix), else the least loaded; unless the latency tracker predicts it slow) and the
 first to produce a chunk wins (the other is closed at once, so its replica aborts it, and its
-elapsed time is recorded as a lower bound of that replica's TTFT). A failure before the
+elapsed time is recorded as a lower bound of that replica's TTFT). Under the surface's
+deadline (``actions.deadline``) a stream's first chunk is read here too, before its answer
+goes out: none by the deadline is a 504, as no head by then is. A failure before the
 first byte (connect error, 5xx) moves on to another replica once, then to the next target.
 Time-outs end the request (504): retrying would double the wait.
 
@@ -320,6 +322,7 @@ class AttemptOpener:
             hedge=is_hedge,
             provider=None if provider is None else pool.settings.kind,
         )
+        call.tried = (pool.name, replica.name)
         headers = call.headers.copy()
         headers.update(pool.auth_headers() if provider is None else provider.headers)
         if provider is None and call.plan.name != "default" and "priority" not in call.parsed.body:
@@ -334,6 +337,10 @@ class AttemptOpener:
             first_byte_s = min(first_byte_s, max(call.deadline - time.perf_counter(), 0.001))
         # A wait cut short by the surface's deadline says nothing of the replica's health.
         ours = first_byte_s < timeouts.first_byte_s
+        # Under the surface's deadline a stream's head is not its answer begun (vLLM sends the
+        # head at once, the first chunk with the first token): the client's 200 waits for the
+        # first chunk, and none by the deadline is a 504, as no head by then is.
+        read_first = read_first or (call.deadline is not None and call.parsed.stream)
         guard = LoadGuard(replica)
         opened_at = time.perf_counter()
         response: UpstreamResponse | None = None
@@ -356,6 +363,10 @@ class AttemptOpener:
             # A translated stream is read to its first chunk (Anthropic's message_start) before
             # anything goes out: an error event before it (overloaded) is retried elsewhere.
             if (read_first or translated) and response.status == 200:
+                if call.deadline is not None:  # what is left of it, the head's wait spent
+                    first_byte_s = min(
+                        first_byte_s, max(call.deadline - time.perf_counter(), 0.001)
+                    )
                 attempt.first = await _first_chunk(response, replica, first_byte_s)
                 attempt.first_at = time.perf_counter()
                 span.first_chunk()

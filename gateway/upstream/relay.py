@@ -22,7 +22,8 @@ gets here: the opener moves on to another replica); a whole answer is read, and 
 * the surface's deadline (``actions.deadline`` with ``budget.total_ms``): the relay stops the
   upstream and ends the stream as a model that hit ``max_tokens`` would, with a chunk whose
   ``finish_reason`` is ``length`` and ``data: [DONE]`` (a 200); a JSON answer not complete by
-  then is a 504;
+  then is a 504, and so is a stream with no chunk by then (its first chunk is read before it
+  gets here: ``gateway.upstream.attempts``);
 * the backend's ``timeouts.total_s``, a bound on any attempt: past it the stream ends with a
   final SSE error event (``timeout_error``, code ``total_timeout``; the text so far is cut, as
   with ``finish_reason: length``) and no ``[DONE]``, counted as a 504; a JSON answer is a 504.

@@ -194,6 +194,37 @@ async def test_deadline_before_first_byte_is_504(
     assert time.perf_counter() - t0 < 1.0
 
 
+async def test_deadline_before_the_first_token_of_a_stream_is_504(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """vLLM sends a stream's head at once and its first chunk with the first token: a stream
+    whose first token comes after the deadline has no answer begun, so it is a 504 too (it was
+    a 200 stream of one made-up chunk, with no id or model of the stream's own)."""
+    up = await make_fake()
+    surfaces = """
+  chat:
+    match: {header: chat}
+    budget: {total_ms: 300}
+    actions: {deadline: true}
+"""
+    gw = await make_gateway(policy([up.url], surfaces))
+    up.fake.queue("ttft:3")
+    t0 = time.perf_counter()
+    with pytest.raises(openai.APIStatusError) as info:
+        await gw.client.chat.completions.create(
+            model="m", messages=MESSAGES, stream=True, extra_headers={"X-Surface": "chat"}
+        )
+    assert info.value.status_code == 504
+    assert time.perf_counter() - t0 < 2.5
+    for _ in range(200):  # the upstream request was closed, so vLLM would abort it
+        if up.fake.active == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert up.fake.disconnected == 1
+    # Its replica is not blamed: the deadline was the surface's, not a slow replica's.
+    assert gw.runtime.pools["up"].replicas[0].consecutive_failures == 0
+
+
 async def test_output_cap_lowers_max_tokens_to_fit_total(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:

@@ -78,6 +78,42 @@ async def test_keep_alive_connection_is_closed_after_keepalive_timeout(
     writer.close()
 
 
+async def test_a_head_arriving_gets_its_408_at_the_head_deadline_not_the_keepalive_one(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """keepalive_timeout_s shorter than header_timeout_s: aiohttp's keep-alive timer runs from a
+    connection's start and would close a head still coming, with no answer."""
+    fake = await make_fake()
+    gw = await make_gateway(policy(fake.url, keepalive_timeout_s=0.3, header_timeout_s=1.5))
+    port = port_of(gw.root)
+
+    async def trickle(writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            for _ in range(20):  # a header line every 0.2 s, never the end
+                await asyncio.sleep(0.2)
+                writer.write(b"X-Slow: 1\r\n")
+                await writer.drain()
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+    sender = asyncio.create_task(trickle(writer))
+    data, waited = await closed_within(reader, 10)
+    sender.cancel()
+    assert data.startswith(b"HTTP/1.1 408"), data
+    assert waited > 1.0  # the head deadline's, not the keep-alive bound's 0.3 s
+    writer.close()
+
+    # a later head on a keep-alive connection, begun and stalled: its 408 too
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    await answer_of(reader)
+    writer.write(b"POST /v1/chat/compl")
+    data, _ = await closed_within(reader, 10)
+    assert data.startswith(b"HTTP/1.1 408"), data
+    writer.close()
+    assert fake.fake.requests == []
+
+
 async def test_slow_body_gets_408(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
     fake = await make_fake()
     gw = await make_gateway(policy(fake.url, body_timeout_s=0.5))

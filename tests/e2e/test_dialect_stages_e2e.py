@@ -84,6 +84,27 @@ async def test_the_deadline_ends_a_messages_stream_at_max_tokens(
     assert final.usage.output_tokens > 0  # what the gateway charges, not zero
 
 
+async def test_a_deadline_before_the_first_token_is_504_in_each_dialect(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude_of: Any
+) -> None:
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url], DEADLINE))
+    up.fake.queue("ttft:3", "ttft:3")
+    with pytest.raises(openai.APIStatusError) as info:
+        await gw.client.responses.create(
+            model="m", input="Hi", stream=True, extra_headers={"X-Surface": "chat"}
+        )
+    assert info.value.status_code == 504
+    with pytest.raises(anthropic.APIStatusError) as claude_info:
+        async with claude_of(gw).messages.stream(
+            model="m", max_tokens=500, messages=HELLO, extra_headers={"X-Surface": "chat"}
+        ) as stream:
+            await stream.get_final_message()
+    assert claude_info.value.status_code == 504
+    body = claude_info.value.body
+    assert isinstance(body, dict) and body["type"] == "error"  # Anthropic's error shape
+
+
 async def test_a_stream_broken_midway_fails_in_each_dialect(
     make_fake: FakeFactory, make_gateway: GatewayFactory, claude_of: Any
 ) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -114,6 +115,37 @@ async def test_access_log_is_opt_in_and_carries_no_key_or_prompt(
     assert not any(key in line or "capital of France" in line for line in lines)
 
 
+async def test_access_log_names_the_replica_of_a_failed_attempt(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request whose attempt timed out names the replica it went to (it said
+    ``backend=- replica=-``), in the access log and in the request counter."""
+    caplog.set_level(logging.INFO, logger="llm_gateway.access")
+    up = await make_fake()
+    backend = vllm(up.url, timeouts={"first_byte_s": 0.3})
+    gw = await make_gateway(
+        build_policy(
+            {"up": backend},
+            {"m": {"backend": "up", "model": "fake-model"}},
+            server={"access_log": True},
+        )
+    )
+    up.fake.queue("hang")
+    with pytest.raises(openai.APIStatusError) as info:
+        await gw.client.chat.completions.create(model="m", messages=QUESTION)
+    assert info.value.status_code == 504
+    replica = up.url.split("//")[1].removesuffix("/v1")
+    lines = [r.getMessage() for r in caplog.records if r.name == "llm_gateway.access"]
+    assert len(lines) == 1 and "POST /v1/chat/completions 504" in lines[0], lines
+    assert f"model=m backend=up replica={replica} " in lines[0], lines[0]
+    async with aiohttp.ClientSession() as s, s.get(gw.root + "/metrics") as r:
+        metrics = await r.text()
+    assert (
+        f'llm_gateway_requests_total{{backend="up",model="m",replica="{replica}",status="504"}}'
+        in metrics
+    )
+
+
 def test_faiss_loader_noise_is_gone() -> None:
     code = "import logging; logging.basicConfig(level=logging.INFO); import cache.index"
     proc = subprocess.run(
@@ -207,6 +239,35 @@ async def test_cors_is_opt_in(make_fake: FakeFactory, make_gateway: GatewayFacto
             assert "Access-Control-Allow-Origin" not in r.headers
         async with s.get(plain.root + "/healthz", headers={"Origin": origin}) as r:
             assert "Access-Control-Allow-Origin" not in r.headers
+
+
+async def test_cors_allows_the_header_that_selects_a_surface_whatever_its_name(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    up = await make_fake()
+    origin = "https://app.example"
+
+    async def allowed_headers(server: dict[str, Any], asked: str) -> set[str]:
+        gw = await make_gateway(policy(up.url, server=server))
+        preflight = {
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": asked,
+        }
+        async with (
+            aiohttp.ClientSession() as s,
+            s.options(gw.base_url + "/chat/completions", headers=preflight) as r,
+        ):
+            assert r.status == 204
+            return {h.strip().lower() for h in r.headers["Access-Control-Allow-Headers"].split(",")}
+
+    renamed = {"cors": {"allow_origins": [origin]}, "surface_header": "X-Lane"}
+    assert "x-lane" in await allowed_headers(renamed, "content-type, x-lane")
+    assert "x-lane" in await allowed_headers(renamed, "content-type")  # listed unasked too
+    # a CORS list of its own that leaves the surface header out still allows it
+    own_list = {"cors": {"allow_origins": [origin], "allow_headers": ["Content-Type"]}}
+    allowed = await allowed_headers(own_list, "content-type, x-surface, x-other")
+    assert "x-surface" in allowed and "x-other" not in allowed
 
 
 async def test_a_photo_sized_image_fits_the_default_body_limit(
