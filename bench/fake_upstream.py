@@ -6,7 +6,8 @@ the gap between them) and by a script of per-request actions that a test queues 
 a stream's ``data: [DONE]`` sent, its end held back 0.2 s; ``"tool_call"``: a call of the
 request's first tool; ``"html"``: a 200 error page; ``"truncated"``: a JSON answer cut short;
 ``"stall_body"``: a JSON answer's headers and first bytes, then nothing more;
-``"big:N"``: an answer padded by N bytes; ``"ratelimit:0.5"``: a 429 as OpenAI sends it, asking
+``"big:N"``: an answer padded by N bytes; ``"reply:TEXT"``: a whole answer saying TEXT;
+``"ratelimit:0.5"``: a 429 as OpenAI sends it, asking
 to retry in 0.5 s...). With ``gzip`` every answer is compressed whatever the client accepts, as
 CDNs do. Nothing is random. Like vLLM it also serves ``POST /tokenize`` and ``POST
 /v1/responses`` (``bench.fake_responses``). Usage is reported as ``prompt_tokens`` /
@@ -239,7 +240,7 @@ class FakeUpstream:
 
     def _full(self, body: dict[str, Any], chat: bool, action: str = "ok") -> dict[str, Any]:
         n = int(body.get("n") or 1)
-        text = self.settings.reply
+        text = action.removeprefix("reply:") if action.startswith("reply:") else self.settings.reply
         choices: list[dict[str, Any]] = []
         for i in range(n):
             if chat:
