@@ -57,6 +57,9 @@ class FakeSettings:
     cached_tokens: int = 0  # reported as prompt_tokens_details.cached_tokens when > 0
     reasoning: str = ""  # returned as reasoning_content (streamed first) when set
     finish_reason: str = "stop"  # of answers without tool calls ("length": one cut short)
+    # vLLM's: the stop string that ended the answer, on its choice (a stream: on every chunk,
+    # null until the last); None: not sent, as OpenAI's API
+    stop_reason: str | None = None
 
 
 @dataclass
@@ -259,6 +262,7 @@ class FakeUpstream:
                     msg["content"], msg["tool_calls"], finish = None, [call], "tool_calls"
                 choices.append(
                     {"index": i, "message": msg, "finish_reason": finish, "logprobs": None}
+                    | self._stop_reason(finish)
                 )
             else:
                 choices.append(
@@ -268,6 +272,7 @@ class FakeUpstream:
                         "finish_reason": self.settings.finish_reason,
                         "logprobs": None,
                     }
+                    | self._stop_reason(self.settings.finish_reason)
                 )
         return {
             "id": "fake-1",
@@ -281,6 +286,11 @@ class FakeUpstream:
                 else {}
             ),
         }
+
+    def _stop_reason(self, finish: str | None) -> dict[str, Any]:
+        if self.settings.stop_reason is None:
+            return {}
+        return {"stop_reason": self.settings.stop_reason if finish == "stop" else None}
 
     async def _stream(
         self,
@@ -330,6 +340,7 @@ class FakeUpstream:
                     if calls:
                         choice["delta"]["tool_calls"] = calls
                     choice["finish_reason"] = None if after else "tool_calls"
+            choice.update(self._stop_reason(choice["finish_reason"]))
             chunk = {
                 "id": "fake-1",
                 "object": kind,

@@ -80,3 +80,76 @@ async def test_a_prefill_and_a_new_turn_on_the_same_messages_are_two_entries(
     assert await prefill() == (" is large.", "exact")
     assert await new_turn() == ("Anything else?", "exact")
     assert len(up.fake.requests) == 2
+
+
+def question(n: int) -> Any:
+    return [{"role": "user", "content": f"Tell me about the standard library, part {n}."}]
+
+
+async def test_a_hit_says_which_stop_sequence_ended_the_answer_in_messages(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    redis_server: RedisServer,
+    claude: list[anthropic.AsyncAnthropic],
+) -> None:
+    """vLLM says which stop string ended an answer (``stop_reason``): live, a Messages answer
+    is ``stop_reason: stop_sequence`` with that string. A hit said ``end_turn`` and no
+    sequence: a streamed fill kept only ``finish_reason``, a streamed hit did not send it."""
+    up = await make_fake(stop_reason="e")
+    gw = await make_gateway(policy(up.url, redis_server.url))
+    client = anthropic_client(gw, claude)
+    ask: Any = {"model": "m", "max_tokens": 41, "stop_sequences": ["e"]}
+    ask["extra_body"] = {"temperature": 0}
+
+    async def whole(messages: Any) -> tuple[Any, str | None]:
+        raw = await client.messages.with_raw_response.create(**ask, messages=messages)
+        await drained(gw)
+        message = await raw.parse()
+        return (message.stop_reason, message.stop_sequence), raw.headers.get("x-gateway-cache")
+
+    async def streamed(messages: Any) -> tuple[Any, str | None]:
+        async with client.messages.stream(**ask, messages=messages) as stream:
+            message = await stream.get_final_message()
+            cache = stream.response.headers.get("x-gateway-cache")
+        await drained(gw)
+        return (message.stop_reason, message.stop_sequence), cache
+
+    live = ("stop_sequence", "e")
+    assert await streamed(question(1)) == (live, "miss")
+    assert await whole(question(1)) == (live, "exact")
+    assert await whole(question(2)) == (live, "miss")
+    assert await streamed(question(2)) == (live, "exact")
+    assert len(up.fake.requests) == 2
+
+
+async def test_a_chat_hit_keeps_vllms_stop_reason(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, redis_server: RedisServer
+) -> None:
+    up = await make_fake(stop_reason="e")
+    gw = await make_gateway(policy(up.url, redis_server.url))
+    ask: Any = {"model": "m", "temperature": 0, "stop": ["e"], "extra_headers": SURFACE}
+
+    async def whole(messages: Any) -> tuple[Any, str | None]:
+        raw = await gw.client.chat.completions.with_raw_response.create(**ask, messages=messages)
+        await drained(gw)
+        choice = raw.parse().choices[0]
+        extra = choice.model_extra or {}
+        return (choice.finish_reason, extra.get("stop_reason")), raw.headers.get("x-gateway-cache")
+
+    async def streamed(messages: Any) -> tuple[Any, str | None]:
+        raw = await gw.client.chat.completions.with_raw_response.create(
+            **ask, messages=messages, stream=True
+        )
+        ends = [c.choices[0] async for c in raw.parse() if c.choices and c.choices[0].finish_reason]
+        await drained(gw)
+        extra = ends[-1].model_extra or {}
+        return (ends[-1].finish_reason, extra.get("stop_reason")), raw.headers.get(
+            "x-gateway-cache"
+        )
+
+    live = ("stop", "e")
+    assert await streamed(question(1)) == (live, "miss")
+    assert await whole(question(1)) == (live, "exact")
+    assert await whole(question(2)) == (live, "miss")
+    assert await streamed(question(2)) == (live, "exact")
+    assert len(up.fake.requests) == 2
