@@ -363,10 +363,11 @@ async def _counted(rt: Runtime, target: Destination, body: dict[str, Any]) -> we
             async with post(f"{base}/messages/count_tokens", json=sent, headers=headers) as r:
                 _check_key(target, replicas[0].name, r.status)
                 return _relayed_count(r.status, await read_capped(r, limit))
-        chat = read_messages_request(body, count_only=True).chat
+        request = read_messages_request(body, count_only=True)
+        chat = request.chat
         if pool.settings.kind != "vllm":
             return web.json_response({"input_tokens": token_count.estimate(chat)})
-        sent = token_count.tokenize_body(chat, target.upstream_model)
+        sent = token_count.tokenize_body(chat, target.upstream_model, request.prefill)
         url = token_count.tokenize_url(base)
         async with post(url, json=sent, headers=pool.auth_headers()) as r:
             _check_key(target, replicas[0].name, r.status)

@@ -315,8 +315,9 @@ async def test_a_prefilled_answer_is_continued(
     make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
 ) -> None:
     """A last assistant message is the start of the answer (Anthropic's prefill): a vLLM backend
-    is told to continue it (it opened a new assistant turn); an OpenAI-compatible API, which has
-    no such option, gets the message as it is."""
+    is told to continue it (it opened a new assistant turn), and so is its tokenizer when the
+    request's tokens are counted (the count was of a new turn); an OpenAI-compatible API, which
+    has no such option, gets the message as it is."""
     vllm_up, api_up = await make_fake(), await make_fake()
     backends = {"up": vllm(vllm_up.url), "api": {"kind": "openai", "base_url": api_up.url}}
     models = {"m": {"backend": "up", "model": "fake-model"},
@@ -332,11 +333,17 @@ async def test_a_prefilled_answer_is_continued(
                 model=model, max_tokens=8, messages=prefilled, stream=stream
             )
     await claude(gw).messages.create(model="m", max_tokens=8, messages=prefilled[:1])
+    # Its token count is of the same prompt: the continued turn, not a new one after it.
+    await claude(gw).messages.count_tokens(model="m", messages=prefilled)
+    await claude(gw).messages.count_tokens(model="m", messages=prefilled[:1])
     sent = [r.body for r in vllm_up.fake.requests]
+    assert [r.path for r in vllm_up.fake.requests][-2:] == ["/tokenize", "/tokenize"]
     assert [(b.get("continue_final_message"), b.get("add_generation_prompt")) for b in sent] == [
         (True, False),
         (True, False),
         (None, None),  # no prefill: vLLM's defaults
+        (True, False),
+        (None, True),
     ]
     assert sent[0]["messages"][-1] == {"role": "assistant", "content": "{"}
     assert all("continue_final_message" not in r.body for r in api_up.fake.requests)
