@@ -194,6 +194,29 @@ async def test_count_tokens_uses_vllms_tokenizer(
     assert count.input_tokens == (3 + 2) + (3 + 3)  # the fake's count: words + 3 per message
 
 
+async def test_count_tokens_relays_the_tokenizers_refusal_as_messages_does(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
+) -> None:
+    """vLLM's tokenizer refusing the request (an image to a text-only model) is the caller's
+    400 in Anthropic's shape with vLLM's message, as ``messages.create`` relays it (it was a
+    502: the gateway's fault, by its status)."""
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url]))
+    image: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                              "data": "iVBORw0KGgo="}}  # fmt: skip
+    messages: Any = [{"role": "user", "content": [image, {"type": "text", "text": "What?"}]}]
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        await claude(gw).messages.count_tokens(model="m", messages=messages)
+    assert refused.value.body == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "fake-model is not a multimodal model",
+        },
+    }
+    assert up.fake.requests[-1].path == "/tokenize"
+
+
 async def test_count_tokens_never_follows_a_redirect(
     make_gateway: GatewayFactory, claude: Clients, monkeypatch: pytest.MonkeyPatch
 ) -> None:
