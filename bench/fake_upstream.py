@@ -7,6 +7,7 @@ a stream's ``data: [DONE]`` sent, its end held back 0.2 s; ``"tool_call"``: a ca
 request's first tool; ``"html"``: a 200 error page; ``"truncated"``: a JSON answer cut short;
 ``"stall_body"``: a JSON answer's headers and first bytes, then nothing more;
 ``"big:N"``: an answer padded by N bytes; ``"reply:TEXT"``: a whole answer saying TEXT;
+``"past_context"``: vLLM's 400 for a ``max_tokens`` past the model's context;
 ``"ratelimit:0.5"``: a 429 as OpenAI sends it, asking
 to retry in 0.5 s...). With ``gzip`` every answer is compressed whatever the client accepts, as
 CDNs do. Nothing is random. Like vLLM it also serves ``POST /tokenize`` and ``POST
@@ -147,6 +148,8 @@ class FakeUpstream:
                 "x-ratelimit-reset-requests": f"{wait_s}s",
             }
             return web.json_response(err, status=429, headers=headers)
+        if action == "past_context":  # vLLM's refusal of an output limit past the context
+            return web.json_response(_past_context(body), status=400)
         if action == "drop":
             assert request.transport is not None
             request.transport.close()
@@ -377,6 +380,17 @@ class FakeUpstream:
         await resp.write_eof()
         self.completed += 1
         return resp
+
+
+def _past_context(body: dict[str, Any]) -> dict[str, Any]:
+    asked = body.get("max_completion_tokens") or body.get("max_tokens")
+    message = (
+        f"'max_tokens' or 'max_completion_tokens' is too large: {asked}. This model's maximum "
+        f"context length is 4096 tokens and your request has 9 input tokens ({asked} > 4096 - "
+        f"9). (parameter=max_tokens, value={asked})"
+    )
+    return {"error": {"message": message, "type": "BadRequestError", "param": "max_tokens",
+                      "code": 400}}  # fmt: skip
 
 
 def _tool_call(j: int, style: str = "openai") -> dict[str, Any]:
