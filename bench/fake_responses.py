@@ -2,7 +2,8 @@
 
 ``/tokenize`` counts a prompt's (or a chat's) whitespace-separated words as its tokens, plus 3
 per chat message for the template (a fake tokenizer: only the count's determinism matters),
-answering as vLLM does: ``{"count", "max_model_len", "tokens"}``.
+answering as vLLM does: ``{"count", "max_model_len", "tokens"}``; an image part is refused with
+a 400, as a text-only model's tokenizer refuses one.
 
 ``/v1/responses`` answers as a server that implements OpenAI's Responses API itself (vLLM and
 OpenAI do; the gateway relays it with ``responses: passthrough``): a ``response`` object with one
@@ -27,12 +28,22 @@ if TYPE_CHECKING:
     from bench.fake_upstream import FakeUpstream
 
 MAX_MODEL_LEN = 4096
+TEXT_ONLY = {
+    "error": {
+        "message": "fake-model is not a multimodal model",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+}
 
 
 def add_routes(app: web.Application, fake: FakeUpstream) -> None:
     async def tokenize(request: web.Request) -> web.Response:
         body = await request.json()
         fake.record_request(request, body)
+        if _has_image(body):
+            return web.json_response(TEXT_ONLY, status=400)
         count = _count(body)
         return web.json_response(
             {"count": count, "max_model_len": MAX_MODEL_LEN, "tokens": list(range(count))}
@@ -82,6 +93,15 @@ def add_routes(app: web.Application, fake: FakeUpstream) -> None:
 
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/v1/responses", responses)
+
+
+def _has_image(body: dict[str, Any]) -> bool:
+    return any(
+        isinstance(part, dict) and part.get("type") == "image_url"
+        for message in body.get("messages") or []
+        if isinstance(message, dict) and isinstance(message.get("content"), list)
+        for part in message["content"]
+    )
 
 
 def _count(body: dict[str, Any]) -> int:

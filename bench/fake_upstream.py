@@ -7,7 +7,9 @@ a stream's ``data: [DONE]`` sent, its end held back 0.2 s; ``"tool_call"``: a ca
 request's first tool; ``"html"``: a 200 error page; ``"truncated"``: a JSON answer cut short;
 ``"stall_body"``: a JSON answer's headers and first bytes, then nothing more; ``"ttft:2"``: a
 stream's head at once, its first chunk 2 s later, as vLLM sends them;
-``"big:N"``: an answer padded by N bytes; ``"ratelimit:0.5"``: a 429 as OpenAI sends it, asking
+``"big:N"``: an answer padded by N bytes; ``"reply:TEXT"``: a whole answer saying TEXT;
+``"past_context"``: vLLM's 400 for a ``max_tokens`` past the model's context;
+``"ratelimit:0.5"``: a 429 as OpenAI sends it, asking
 to retry in 0.5 s...). With ``gzip`` every answer is compressed whatever the client accepts, as
 CDNs do. Nothing is random. Like vLLM it also serves ``POST /tokenize`` and ``POST
 /v1/responses`` (``bench.fake_responses``). Usage is reported as ``prompt_tokens`` /
@@ -57,6 +59,9 @@ class FakeSettings:
     cached_tokens: int = 0  # reported as prompt_tokens_details.cached_tokens when > 0
     reasoning: str = ""  # returned as reasoning_content (streamed first) when set
     finish_reason: str = "stop"  # of answers without tool calls ("length": one cut short)
+    # vLLM's: the stop string that ended the answer, on its choice (a stream: on every chunk,
+    # null until the last); None: not sent, as OpenAI's API
+    stop_reason: str | None = None
 
 
 @dataclass
@@ -144,6 +149,8 @@ class FakeUpstream:
                 "x-ratelimit-reset-requests": f"{wait_s}s",
             }
             return web.json_response(err, status=429, headers=headers)
+        if action == "past_context":  # vLLM's refusal of an output limit past the context
+            return web.json_response(_past_context(body), status=400)
         if action == "drop":
             assert request.transport is not None
             request.transport.close()
@@ -241,7 +248,7 @@ class FakeUpstream:
 
     def _full(self, body: dict[str, Any], chat: bool, action: str = "ok") -> dict[str, Any]:
         n = int(body.get("n") or 1)
-        text = self.settings.reply
+        text = action.removeprefix("reply:") if action.startswith("reply:") else self.settings.reply
         choices: list[dict[str, Any]] = []
         for i in range(n):
             if chat:
@@ -260,6 +267,7 @@ class FakeUpstream:
                     msg["content"], msg["tool_calls"], finish = None, [call], "tool_calls"
                 choices.append(
                     {"index": i, "message": msg, "finish_reason": finish, "logprobs": None}
+                    | self._stop_reason(finish)
                 )
             else:
                 choices.append(
@@ -269,6 +277,7 @@ class FakeUpstream:
                         "finish_reason": self.settings.finish_reason,
                         "logprobs": None,
                     }
+                    | self._stop_reason(self.settings.finish_reason)
                 )
         return {
             "id": "fake-1",
@@ -282,6 +291,11 @@ class FakeUpstream:
                 else {}
             ),
         }
+
+    def _stop_reason(self, finish: str | None) -> dict[str, Any]:
+        if self.settings.stop_reason is None:
+            return {}
+        return {"stop_reason": self.settings.stop_reason if finish == "stop" else None}
 
     async def _stream(
         self,
@@ -334,6 +348,7 @@ class FakeUpstream:
                     if calls:
                         choice["delta"]["tool_calls"] = calls
                     choice["finish_reason"] = None if after else "tool_calls"
+            choice.update(self._stop_reason(choice["finish_reason"]))
             chunk = {
                 "id": "fake-1",
                 "object": kind,
@@ -370,6 +385,17 @@ class FakeUpstream:
         await resp.write_eof()
         self.completed += 1
         return resp
+
+
+def _past_context(body: dict[str, Any]) -> dict[str, Any]:
+    asked = body.get("max_completion_tokens") or body.get("max_tokens")
+    message = (
+        f"'max_tokens' or 'max_completion_tokens' is too large: {asked}. This model's maximum "
+        f"context length is 4096 tokens and your request has 9 input tokens ({asked} > 4096 - "
+        f"9). (parameter=max_tokens, value={asked})"
+    )
+    return {"error": {"message": message, "type": "BadRequestError", "param": "max_tokens",
+                      "code": 400}}  # fmt: skip
 
 
 def _tool_call(j: int, style: str = "openai") -> dict[str, Any]:

@@ -7,7 +7,9 @@
   change the answer (``stream``, ``stream_options``, ``user``, ``metadata``, ...). Unknown
   fields stay in the key: a field we do not know about can only cost hits, never serve a
   wrong answer. Numbers are compared as values: ``temperature: 0``, ``0.0`` and ``-0.0`` are
-  one key.
+  one key. A request whose last (assistant) message is continued (Anthropic's prefill, sent to
+  vLLM with ``continue_final_message``) is another prompt than the same messages asking for a
+  new assistant turn (a chat request): ``continues`` keeps their keys apart.
 * **Context key**: the same canonical request with the query text (the user's text: the last
   message's content, or the prompt, as the gateway's one rule found it) taken out. Semantic
   matching compares that text's embedding only among entries whose context key is equal (same
@@ -129,11 +131,13 @@ def build_request(
     scope: CacheScope,
     endpoint: Endpoint = "chat/completions",
     query_text: str | None = None,
+    continues: bool = False,
 ) -> CacheRequest:
     """Keys for a parsed request body (``messages`` for chat, ``prompt`` for completions).
 
     ``query_text`` is the user's text, taken from the last message (chat) or the prompt
-    (completions) by the caller; None makes the request exact-only.
+    (completions) by the caller; None makes the request exact-only. ``continues``: the answer
+    continues the last message rather than opening a new turn.
     """
     temperature = body.get("temperature")
     temp = float(temperature) if isinstance(temperature, (int, float)) else None
@@ -144,11 +148,12 @@ def build_request(
             [_canonical_message(m) for m in raw_messages] if isinstance(raw_messages, list) else []
         )
         params = _canonical_params(body, "messages")
-        exact = canonical_json({"messages": messages, "params": params})
+        turn = {"continues": True} if continues else {}  # absent: the keys stored until now
+        exact = canonical_json({"messages": messages, "params": params, **turn})
         context_messages: list[Any] = messages
         if query_text is not None and messages and isinstance(messages[-1], Mapping):
             context_messages = [*messages[:-1], {**messages[-1], "content": None}]
-        context = canonical_json({"messages": context_messages, "params": params})
+        context = canonical_json({"messages": context_messages, "params": params, **turn})
     else:
         params = _canonical_params(body, "prompt")
         prompt = body.get("prompt")

@@ -249,6 +249,7 @@ class ResponseCache:
         endpoint: Endpoint = "chat/completions",
         cache_control: str | None = None,
         query_text: str | None = None,
+        continues: bool = False,
     ) -> CachePlan:
         if policy is None or not policy.enabled:
             return CachePlan(None, False, False)
@@ -262,7 +263,7 @@ class ResponseCache:
         if not (lookup or fill):
             return CachePlan(None, False, False, "no-cache, no-store")
         scope = CacheScope(tenant, model_alias, policy.namespace or surface)
-        request = build_request(body, scope, endpoint, query_text)
+        request = build_request(body, scope, endpoint, query_text, continues)
         mode, rule = rules.mode_for(policy.rules, rules.fired(body, request.query_text))
         if mode == "semantic" and rules.echoes_prompt(body):
             mode, rule = "exact", "echo"

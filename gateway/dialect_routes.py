@@ -327,7 +327,8 @@ async def _messages(request: web.Request) -> web.StreamResponse:
 
 async def _count_tokens(request: web.Request) -> web.Response:
     """vLLM's ``/tokenize``, Anthropic's own ``count_tokens``, else (an OpenAI-compatible API,
-    or a vLLM-kind server without ``/tokenize``) the documented estimate."""
+    or a vLLM-kind server without ``/tokenize``) the documented estimate. A refusal of the
+    request (a 4xx) comes back as ``/v1/messages`` relays one, with the backend's message."""
     rt = request.app[LIVE].current
     tenant = rt.authenticate(request.headers)
     body = _read_model(request, rt, await read_body(request, rt.policy.server))
@@ -363,16 +364,20 @@ async def _counted(rt: Runtime, target: Destination, body: dict[str, Any]) -> we
             async with post(f"{base}/messages/count_tokens", json=sent, headers=headers) as r:
                 _check_key(target, replicas[0].name, r.status)
                 return _relayed_count(r.status, await read_capped(r, limit))
-        chat = read_messages_request(body, count_only=True).chat
+        request = read_messages_request(body, count_only=True)
+        chat = request.chat
         if pool.settings.kind != "vllm":
             return web.json_response({"input_tokens": token_count.estimate(chat)})
-        sent = token_count.tokenize_body(chat, target.upstream_model)
+        sent = token_count.tokenize_body(chat, target.upstream_model, request.prefill)
         url = token_count.tokenize_url(base)
         async with post(url, json=sent, headers=pool.auth_headers()) as r:
             _check_key(target, replicas[0].name, r.status)
             if r.status == 404:  # a server without vLLM's tokenizer endpoint
                 return web.json_response({"input_tokens": token_count.estimate(chat)})
             answer = await read_capped(r, limit)
+            if 400 <= r.status < 500:  # the request refused (an image to a text-only model)
+                status, refused = messages_out.from_openai_error(r.status, answer)
+                return web.Response(status=status, body=refused, content_type="application/json")
             count = token_count.read_count(upstream_json.loads(answer)) if r.status == 200 else None
             if count is None:
                 raise UpstreamError(

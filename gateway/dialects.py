@@ -42,6 +42,7 @@ from gateway.protocol.responses import (
     new_id,
 )
 from gateway.protocol.responses_output import from_chat_completion
+from gateway.protocol.responses_params import callers_error
 from gateway.protocol.responses_stream import ResponsesStream
 from gateway.upstream.out import ClientStream
 
@@ -105,8 +106,10 @@ class ResponsesCall:
     def render(self, status: int, body: bytes) -> tuple[int, bytes]:
         if status == 200 and self.passthrough is not None:
             self.relayed_id, self.owned = answer_ids(body)
-        if status != 200 or self.passthrough is not None:
-            return status, body  # errors are OpenAI's shape in both APIs
+        if self.passthrough is not None:
+            return status, body
+        if status != 200:  # OpenAI's shape in both APIs, told in the caller's parameters
+            return status, callers_error(body)
         self.final = _retold(
             body, lambda a: from_chat_completion(a, self.request, self.response_id)
         )

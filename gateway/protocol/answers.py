@@ -3,13 +3,15 @@
 ``render_sse`` streams a complete OpenAI answer (``chat.completion`` or ``text_completion``) as
 the chunks an upstream would have sent: per choice, a role chunk, one chunk carrying the whole
 content (text, ``reasoning_content``, ``refusal``, signed ``thinking_blocks``, tool calls with
-their ``index`` and their ``arguments`` as JSON text, ``logprobs``), and a finish chunk; then the usage chunk when the
-client asked for ``stream_options.include_usage``, and ``data: [DONE]``. It serves held cascade
-answers and cache hits alike.
+their ``index`` and their ``arguments`` as JSON text, ``logprobs``), and a finish chunk (with
+vLLM's ``stop_reason``, the stop string or token that ended the choice, when the answer has
+one); then the usage chunk when the client asked for ``stream_options.include_usage``, and
+``data: [DONE]``. It serves held cascade answers and cache hits alike.
 
 ``assemble`` does the reverse: it adds streamed chunk objects up to the complete answer they
 make (content, reasoning, refusal, signed thinking blocks, tool calls merged by ``index``,
-logprobs concatenated, the last usage seen), or None when the stream did not finish or carried an error.
+logprobs concatenated, vLLM's ``stop_reason``, the last usage seen), or None when the stream
+did not finish or carried an error.
 
 Two readings every re-telling of a chat answer shares (this module's assembler, the Responses
 and Messages translators): ``arguments_text``, a tool call's ``arguments`` as JSON text (HF TGI
@@ -59,7 +61,10 @@ def render_sse(answer: Mapping[str, Any], *, include_usage: bool = False) -> lis
             chunk = {"index": index, "logprobs": None, **fields, "finish_reason": None}
             out.append(encode({**head, "choices": [chunk]}))
         last: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
-        out.append(encode({**head, "choices": [{"index": index, **last, "finish_reason": finish}]}))
+        end = {"index": index, **last, "finish_reason": finish}
+        if "stop_reason" in choice:  # vLLM's: a Messages answer's stop_sequence is read from it
+            end["stop_reason"] = choice["stop_reason"]
+        out.append(encode({**head, "choices": [end]}))
     if include_usage:
         usage = answer.get("usage")
         out.append(encode({**head, "choices": [], "usage": usage}))
@@ -197,7 +202,17 @@ class ToolCallSlots:
 
 
 class _Choice:
-    __slots__ = ("blocks", "finish", "logprobs", "role", "slots", "text", "tools")
+    __slots__ = (
+        "blocks",
+        "finish",
+        "logprobs",
+        "role",
+        "slots",
+        "stop_reason",
+        "text",
+        "told_stop",
+        "tools",
+    )
 
     def __init__(self) -> None:
         self.role = "assistant"
@@ -207,6 +222,8 @@ class _Choice:
         self.slots = ToolCallSlots()
         self.logprobs: dict[str, Any] | None = None
         self.finish: str | None = None
+        self.told_stop = False  # the stream carried vLLM's ``stop_reason`` (null until the end)
+        self.stop_reason: str | int | None = None
 
 
 def assemble(chunks: Iterable[Mapping[str, Any]], *, done: bool) -> dict[str, Any] | None:
@@ -239,6 +256,8 @@ def assemble(chunks: Iterable[Mapping[str, Any]], *, done: bool) -> dict[str, An
             slot = choices.setdefault(index, _Choice())
             if part.get("finish_reason"):
                 slot.finish = part["finish_reason"]
+            if "stop_reason" in part:
+                _merge_stop_reason(slot, part["stop_reason"])
             _merge_logprobs(slot, part.get("logprobs"))
             if not chat:
                 text = part.get("text") or ""
@@ -294,7 +313,17 @@ def _choice(index: int, slot: _Choice, chat: bool) -> dict[str, Any]:
         out["text"] = "".join(slot.text.get("text", []))
     out["logprobs"] = slot.logprobs
     out["finish_reason"] = slot.finish
+    if slot.told_stop:
+        out["stop_reason"] = slot.stop_reason
     return out
+
+
+def _merge_stop_reason(slot: _Choice, value: Any) -> None:
+    """vLLM's ``stop_reason``: the stop string (or token id) that ended the choice, null on
+    every chunk before; a value of another shape is not kept."""
+    slot.told_stop = True
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        slot.stop_reason = value
 
 
 def _merge_logprobs(slot: _Choice, logprobs: Any) -> None:

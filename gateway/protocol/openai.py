@@ -14,8 +14,10 @@ no user's text: such a request is never matched semantically and scores no diffi
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from types import MappingProxyType
 from typing import Any
 
 from cache.keys import content_text
@@ -48,7 +50,7 @@ class ParsedRequest:
     stream: bool
     user_text: str | None = None
     # The last message is the start of the assistant's answer (Anthropic's prefill): the model
-    # continues it. A vLLM backend is told so (``continue_final_message``); see ``_body``.
+    # continues it. A vLLM backend is told so (``CONTINUE_FINAL_MESSAGE``).
     continues: bool = False
     # Assistant messages carry signed thinking (``thinking_blocks``, from a Responses request's
     # reasoning items): an Anthropic backend reads them, others are sent the messages without.
@@ -60,6 +62,12 @@ class ParsedRequest:
             return self.raw
         return json.dumps({**self.body, "model": upstream_model}).encode()
 
+
+# What tells vLLM's chat template to continue the last (assistant) message: without it vLLM
+# opens a new assistant turn after it. Sent with a continued request and with its token count.
+CONTINUE_FINAL_MESSAGE: Mapping[str, bool] = MappingProxyType(
+    {"continue_final_message": True, "add_generation_prompt": False}
+)
 
 _INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "best_of", "top_logprobs", "seed")
 # Sequences generated per prompt, bounded as OpenAI's API bounds them: one request must not ask

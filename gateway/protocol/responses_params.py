@@ -2,15 +2,28 @@
 function tools, ``tool_choice``, ``parallel_tool_calls``, ``text.format`` ->
 ``response_format``, ``max_output_tokens``, sampling, ``top_logprobs``, ``reasoning.effort``,
 ``user``. What does not map is a 400 naming the parameter (``gateway.protocol.responses``
-lists the whole mapping)."""
+lists the whole mapping).
+
+``callers_error`` turns an upstream's refusal back into the caller's terms: an error about the
+output limit names ``max_output_tokens``, the parameter the caller sent, not
+``max_completion_tokens`` (what the gateway sent it as) or ``max_tokens`` (vLLM's name for both,
+and the output cap's)."""
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from gateway.errors import BadRequest
+from gateway.protocol import upstream_json
 
 _TOOL_CHOICES = frozenset({"none", "auto", "required"})
+_SENT_OUTPUT_LIMIT = frozenset({"max_completion_tokens", "max_tokens"})
+# vLLM says "'max_tokens' or 'max_completion_tokens' is too large: 5000. ... (5000 > 4096 - 9).
+# (parameter=max_tokens, value=5000)"
+_EITHER_NAME = "'max_tokens' or 'max_completion_tokens'"
+_SENT_NAME = re.compile(r"\bmax_(?:completion_)?tokens\b")
 
 
 def chat_params(body: dict[str, Any]) -> dict[str, Any]:
@@ -120,3 +133,28 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     raise BadRequest(
         "'text.format.type' must be text, json_object or json_schema", param="text.format"
     )
+
+
+def callers_error(raw: bytes) -> bytes:
+    """An upstream's OpenAI-format error about the output limit, naming ``max_output_tokens``;
+    any other error (or a body that is not one) as it came."""
+    try:
+        data = upstream_json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        return raw
+    error = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(error, dict):
+        return raw
+    message, param = error.get("message"), error.get("param")
+    about_limit = param in _SENT_OUTPUT_LIMIT or (
+        isinstance(message, str) and "max_completion_tokens" in message
+    )
+    if not about_limit:
+        return raw
+    told = {**error}
+    if param is None or param in _SENT_OUTPUT_LIMIT:
+        told["param"] = "max_output_tokens"
+    if isinstance(message, str):
+        message = message.replace(_EITHER_NAME, "'max_output_tokens'")
+        told["message"] = _SENT_NAME.sub("max_output_tokens", message)
+    return json.dumps({**data, "error": told}).encode()

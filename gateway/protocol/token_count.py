@@ -2,8 +2,9 @@
 
 A vLLM backend counts with the model's own tokenizer and chat template: ``POST /tokenize`` (at
 the server's root, beside ``/v1``) with the translated chat messages and tools and
-``add_generation_prompt: true`` answers ``{"count": N, ...}``, the prompt tokens a generation
-would be charged. A backend without a tokenizer endpoint (an OpenAI-compatible API) gets an
+``add_generation_prompt: true`` (a prefill: the options that continue the last message, as the
+request itself is sent) answers ``{"count": N, ...}``, the prompt tokens a generation would be
+charged. A backend without a tokenizer endpoint (an OpenAI-compatible API) gets an
 estimate: one token per 4 characters of the messages' text and the tools' JSON, rounded up,
 plus 3 per message for the chat template's markers (OpenAI's published rule of thumb).
 """
@@ -14,16 +15,16 @@ import json
 import math
 from typing import Any
 
+from gateway.protocol.openai import CONTINUE_FINAL_MESSAGE
+
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 3
 
 
-def tokenize_body(chat: dict[str, Any], upstream_model: str) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": upstream_model,
-        "messages": chat["messages"],
-        "add_generation_prompt": True,
-    }
+def tokenize_body(chat: dict[str, Any], upstream_model: str, continues: bool) -> dict[str, Any]:
+    """``continues``: the last message is continued (a prefill), not followed by a new turn."""
+    body: dict[str, Any] = {"model": upstream_model, "messages": chat["messages"]}
+    body.update(CONTINUE_FINAL_MESSAGE if continues else {"add_generation_prompt": True})
     if chat.get("tools"):
         body["tools"] = chat["tools"]
     return body

@@ -251,6 +251,7 @@ class CacheStage:
             else "chat/completions",
             cache_control=call.request.headers.get("Cache-Control"),
             query_text=parsed.user_text,
+            continues=parsed.continues,
         )
 
     async def lookup(self, call: Call, policy: CachePolicy) -> Lookup:

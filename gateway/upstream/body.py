@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from gateway.call import Call
+from gateway.protocol.openai import CONTINUE_FINAL_MESSAGE
 from gateway.runtime import Destination
 from routing.output_cap import cap_max_tokens, requested_max_tokens, with_max_tokens
 from routing.replica import Replica
@@ -41,7 +42,7 @@ def upstream_body(call: Call, target: Destination, replica: Replica) -> tuple[by
     if cap is not None:
         body = with_max_tokens(body, cap)
     if continues:  # vLLM opens a new assistant turn unless told to continue the last one
-        body.update(continue_final_message=True, add_generation_prompt=False)
+        body.update(CONTINUE_FINAL_MESSAGE)
     return json.dumps(body).encode(), cap is not None
 
 

@@ -73,6 +73,16 @@ def test_answer_changing_parameters_change_both_keys() -> None:
         assert other.context_key != base.context_key, extra
 
 
+def test_continuing_the_last_message_changes_both_keys() -> None:
+    """A prefill continued and the same messages opening a new turn are two prompts."""
+    prefilled = body()
+    prefilled["messages"].append({"role": "assistant", "content": "The capital"})
+    new_turn = build_request(prefilled, SCOPE)
+    continued = build_request(prefilled, SCOPE, continues=True)
+    assert continued.exact_key != new_turn.exact_key
+    assert continued.context_key != new_turn.context_key
+
+
 def keys(request: dict[str, Any], endpoint: Endpoint = Endpoint.CHAT) -> CacheRequest:
     """Keys as the gateway builds them: with its one rule for the user's text."""
     if endpoint is Endpoint.COMPLETIONS:

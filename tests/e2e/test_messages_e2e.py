@@ -194,6 +194,29 @@ async def test_count_tokens_uses_vllms_tokenizer(
     assert count.input_tokens == (3 + 2) + (3 + 3)  # the fake's count: words + 3 per message
 
 
+async def test_count_tokens_relays_the_tokenizers_refusal_as_messages_does(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
+) -> None:
+    """vLLM's tokenizer refusing the request (an image to a text-only model) is the caller's
+    400 in Anthropic's shape with vLLM's message, as ``messages.create`` relays it (it was a
+    502: the gateway's fault, by its status)."""
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url]))
+    image: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                              "data": "iVBORw0KGgo="}}  # fmt: skip
+    messages: Any = [{"role": "user", "content": [image, {"type": "text", "text": "What?"}]}]
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        await claude(gw).messages.count_tokens(model="m", messages=messages)
+    assert refused.value.body == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "fake-model is not a multimodal model",
+        },
+    }
+    assert up.fake.requests[-1].path == "/tokenize"
+
+
 async def test_count_tokens_never_follows_a_redirect(
     make_gateway: GatewayFactory, claude: Clients, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -315,8 +338,9 @@ async def test_a_prefilled_answer_is_continued(
     make_fake: FakeFactory, make_gateway: GatewayFactory, claude: Clients
 ) -> None:
     """A last assistant message is the start of the answer (Anthropic's prefill): a vLLM backend
-    is told to continue it (it opened a new assistant turn); an OpenAI-compatible API, which has
-    no such option, gets the message as it is."""
+    is told to continue it (it opened a new assistant turn), and so is its tokenizer when the
+    request's tokens are counted (the count was of a new turn); an OpenAI-compatible API, which
+    has no such option, gets the message as it is."""
     vllm_up, api_up = await make_fake(), await make_fake()
     backends = {"up": vllm(vllm_up.url), "api": {"kind": "openai", "base_url": api_up.url}}
     models = {"m": {"backend": "up", "model": "fake-model"},
@@ -332,11 +356,17 @@ async def test_a_prefilled_answer_is_continued(
                 model=model, max_tokens=8, messages=prefilled, stream=stream
             )
     await claude(gw).messages.create(model="m", max_tokens=8, messages=prefilled[:1])
+    # Its token count is of the same prompt: the continued turn, not a new one after it.
+    await claude(gw).messages.count_tokens(model="m", messages=prefilled)
+    await claude(gw).messages.count_tokens(model="m", messages=prefilled[:1])
     sent = [r.body for r in vllm_up.fake.requests]
+    assert [r.path for r in vllm_up.fake.requests][-2:] == ["/tokenize", "/tokenize"]
     assert [(b.get("continue_final_message"), b.get("add_generation_prompt")) for b in sent] == [
         (True, False),
         (True, False),
         (None, None),  # no prefill: vLLM's defaults
+        (True, False),
+        (None, True),
     ]
     assert sent[0]["messages"][-1] == {"role": "assistant", "content": "{"}
     assert all("continue_final_message" not in r.body for r in api_up.fake.requests)

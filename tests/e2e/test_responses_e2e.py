@@ -329,6 +329,29 @@ async def test_what_cannot_be_served_is_a_400_in_openai_shape(
     assert up.fake.requests == []
 
 
+async def test_an_upstreams_refusal_names_the_callers_parameter(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """``max_output_tokens`` goes upstream as chat's ``max_completion_tokens``: vLLM's refusal
+    of it (past the context) named parameters the caller never sent, streamed or not."""
+    up = await make_fake()
+    gw = await make_gateway(pool_policy([up.url]))
+    for stream in (False, True):
+        up.fake.queue("past_context")
+        with pytest.raises(openai.BadRequestError) as info:
+            await gw.client.responses.create(
+                model="m", input="x", max_output_tokens=5000, stream=stream
+            )
+        body = info.value.body
+        assert isinstance(body, dict) and body["param"] == "max_output_tokens"
+        assert body["message"] == (
+            "'max_output_tokens' is too large: 5000. This model's maximum context length is 4096"
+            " tokens and your request has 9 input tokens (5000 > 4096 - 9)."
+            " (parameter=max_output_tokens, value=5000)"
+        )
+        assert up.fake.requests[-1].body["max_completion_tokens"] == 5000
+
+
 async def test_a_tool_output_holds_text_parts_only(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:

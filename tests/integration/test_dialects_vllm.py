@@ -103,7 +103,13 @@ async def test_messages_create_stream_and_count_tokens(gw: RunningGateway) -> No
         await client.close()
 
 
-async def test_a_prefilled_answer_is_continued_by_vllm(gw: RunningGateway) -> None:
+async def test_a_prefilled_answer_is_continued_by_vllm(
+    vllm_pool: LocalVllmPool, make_gateway: GatewayFactory
+) -> None:
+    """Counted and cached as the prompt vLLM runs: a chat request with the same messages is
+    another prompt (a new turn), never served the prefill's cached continuation."""
+    cached = "surfaces:\n  default: {cache: {exact: true}}\n"
+    gw = await make_gateway(policy(vllm_pool) + cached)
     client = anthropic.AsyncAnthropic(base_url=gw.root, api_key="unused", max_retries=0)
     prefilled: Any = [
         {"role": "user", "content": QUESTION},
@@ -113,13 +119,18 @@ async def test_a_prefilled_answer_is_continued_by_vllm(gw: RunningGateway) -> No
         message = await client.messages.create(
             model="default", max_tokens=4, messages=prefilled, extra_body=GREEDY
         )
+        count = await client.messages.count_tokens(model="default", messages=prefilled)
     finally:
         await client.close()
-    chat = await gw.client.chat.completions.create(
+    await gw.runtime.cache.drain()  # type: ignore[union-attr]
+    raw = await gw.client.chat.completions.with_raw_response.create(
         model="default", max_tokens=4, messages=prefilled, temperature=0
     )
+    assert raw.headers["x-gateway-cache"] == "miss"
+    chat = raw.parse()
     assert chat.usage is not None
     # The chat request, with vLLM's defaults, closes the assistant's turn and opens another
     # (more prompt tokens); the Messages request continues the prefilled text.
     prompt = message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
     assert 0 < prompt < chat.usage.prompt_tokens
+    assert count.input_tokens == prompt

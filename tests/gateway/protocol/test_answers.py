@@ -130,6 +130,22 @@ def test_logprobs_and_reasoning_survive_both_ways() -> None:
     assert rebuilt["choices"][0]["message"]["reasoning_content"] == "France's capital."
 
 
+def test_vllms_stop_reason_survives_both_ways() -> None:
+    """vLLM names the stop string (or token id) that ended a choice, null on every chunk
+    before the last; an answer without one (OpenAI's) gets none added."""
+    for matched in ("e", 128009):
+        answer = with_message(content="Th")
+        answer["choices"][0]["stop_reason"] = matched
+        chunks = events(render_sse(answer))
+        assert [c["choices"][0].get("stop_reason") for c in chunks] == [None, None, matched]
+        for chunk in chunks[:-1]:
+            chunk["choices"][0]["stop_reason"] = None  # as vLLM streams it
+        rebuilt = assemble(chunks, done=True)
+        assert rebuilt is not None and rebuilt["choices"][0]["stop_reason"] == matched
+    rebuilt = assemble(events(render_sse(ANSWER)), done=True)
+    assert rebuilt is not None and "stop_reason" not in rebuilt["choices"][0]
+
+
 def test_text_completions_with_logprobs() -> None:
     answer: dict[str, Any] = {
         "id": "cmpl-1",

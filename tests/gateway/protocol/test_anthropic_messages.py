@@ -457,7 +457,7 @@ def test_count_tokens_requests_and_the_estimate() -> None:
     from gateway.protocol.token_count import estimate, read_count, tokenize_body, tokenize_url
 
     chat = chat_of(messages=[{"role": "user", "content": "x" * 10}], system="y" * 6)
-    assert tokenize_body(chat, "served") == {
+    assert tokenize_body(chat, "served", False) == {
         "model": "served",
         "messages": chat["messages"],
         "add_generation_prompt": True,

@@ -15,6 +15,7 @@ from openai.types.responses import Response
 from gateway.errors import BadRequest
 from gateway.protocol.responses import parse_responses_request, read_responses_request
 from gateway.protocol.responses_output import from_chat_completion
+from gateway.protocol.responses_params import callers_error
 
 WEATHER = {
     "type": "function",
@@ -406,3 +407,16 @@ def test_top_logprobs_are_asked_for_and_returned() -> None:
     assert part.type == "output_text" and part.logprobs is not None
     assert [(lp.token, lp.logprob) for lp in part.logprobs] == [("Hi", -0.1)]
     assert part.logprobs[0].top_logprobs[0].token == "Hi"
+
+
+def test_only_an_error_about_the_output_limit_is_told_in_the_callers_parameter() -> None:
+    about = {"error": {"message": "'max_completion_tokens' must be at least 1", "param": None}}
+    told = json.loads(callers_error(json.dumps(about).encode()))
+    assert told["error"] == {"message": "'max_output_tokens' must be at least 1",
+                             "param": "max_output_tokens"}  # fmt: skip
+    for other in (
+        b'{"error": {"message": "max_tokens is fine; temperature is not", "param": "temperature"}}',
+        b'{"error": "flat"}',
+        b"<html>Bad gateway</html>",
+    ):
+        assert callers_error(other) == other
