@@ -86,6 +86,7 @@ def _precise(config: PrecisePrefixRouting, tokenizer: Tokenizer | None) -> Preci
         replay_timeout_s=ev.replay_timeout_s,
         work_half_life_s=config.work_half_life_s,
         load_smoothing_s=config.load_smoothing_s,
+        max_prefix_chars=config.max_prefix_chars,
     )
 
 
@@ -105,6 +106,7 @@ def build_router(config: RoutingConfig | None, *, tokenizer: Tokenizer | None = 
             learn_capacity=config.learn_capacity,
             work_half_life_s=config.work_half_life_s,
             load_smoothing_s=config.load_smoothing_s,
+            max_prefix_chars=config.max_prefix_chars,
         )
     if isinstance(config, PrecisePrefixRouting):
         return _precise(config, tokenizer)
