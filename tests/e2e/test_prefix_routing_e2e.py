@@ -11,10 +11,10 @@ from tests.conftest import FakeFactory, GatewayFactory, build_policy, vllm
 from tests.routing.helpers import words, write_bpe_tokenizer
 
 
-def precise_policy(urls: list[str], tokenizer: Path) -> str:
+def precise_policy(urls: list[str], tokenizer: Path, **sections: Any) -> str:
     routing = {"strategy": "prefix_precise", "tokenizer": str(tokenizer), "scrape_interval_s": 0}
     models = {"m": {"backend": "up", "model": "fake-model"}}
-    return build_policy({"up": vllm(*urls, routing=routing)}, models)
+    return build_policy({"up": vllm(*urls, routing=routing)}, models, "", **sections)
 
 
 async def test_a_huge_prompt_does_not_stall_other_requests(
@@ -46,3 +46,46 @@ async def test_a_huge_prompt_does_not_stall_other_requests(
     await poller
     assert answer.choices[0].message.content
     assert slowest < 1.5, slowest
+
+
+async def test_route_details_reach_callers_only_when_the_policy_says(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """The prefix index serves every tenant: its match length would tell a caller whether
+    another tenant's prompt begins with a guess, one chunk at a time."""
+    ups = [await make_fake(), await make_fake()]
+    tokenizer = write_bpe_tokenizer(tmp_path / "tokenizer.json")
+    urls = [u.url for u in ups]
+    cached = {"default": {"cache": {"exact": True}}}
+    secret = words(200)
+
+    def ask(question: str) -> Any:
+        return [{"role": "system", "content": secret}, {"role": "user", "content": question}]
+
+    for details in (False, True):
+        policy = precise_policy(
+            urls, tokenizer, server={"route_detail_headers": details}, surfaces=cached
+        )
+        gw = await make_gateway(policy)
+        answers = [
+            await gw.client.chat.completions.with_raw_response.create(
+                model="m", messages=ask(question), temperature=0
+            )
+            for question in ("first?", "second?")
+        ]
+        assert gw.runtime.cache is not None
+        await gw.runtime.cache.drain()
+        hit = await gw.client.chat.completions.with_raw_response.create(
+            model="m", messages=ask("second?"), temperature=0
+        )
+        assert hit.headers["x-gateway-cache"] == "exact"
+        live = answers[1]
+        assert live.headers["x-gateway-replica"].startswith("up/")  # kept: see README
+        if details:
+            assert live.headers["x-gateway-route-reason"] == "prefix"
+            assert int(live.headers["x-gateway-prefix-match"]) > 0
+            assert hit.headers["x-gateway-route-reason"] == "cache_exact"
+        else:
+            for answer in (*answers, hit):
+                assert "x-gateway-route-reason" not in answer.headers
+                assert "x-gateway-prefix-match" not in answer.headers
