@@ -41,6 +41,13 @@ class BackgroundRouter(Protocol):
 
 
 @runtime_checkable
+class CarriedRouter(Protocol):
+    """A router whose state outlives a reload: the new one starts from the replaced one's."""
+
+    def carry_over(self, replaced: object, replicas: Sequence[Replica]) -> None: ...
+
+
+@runtime_checkable
 class MetricsObserver(Protocol):
     """A router that learns from scraped /metrics (pass it to MetricsScraper's listeners)."""
 

@@ -76,6 +76,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from routing.kv_events import KVEventHub, KVEventSource, event_sources
@@ -396,3 +397,28 @@ class PrecisePrefixRouter(PrefixAwareRouter):
 
     async def stop(self) -> None:
         await self.events.stop()
+
+    def carry_over(self, replaced: object, replicas: Sequence[Replica]) -> None:
+        """A reload replaced ``replaced`` by this router (a replica added or removed): start
+        from a copy of what it knew of the replicas both serve, not from nothing until each
+        one's next event (a hot prefix would meanwhile go cold to the others). Only a replica
+        whose events this router has not applied yet; its subscriber goes on from the old
+        one's last sequence number, so its first batch replays what the swap missed, or, if
+        the numbers went back (the engine restarted), clears the copy."""
+        if not isinstance(replaced, PrecisePrefixRouter):
+            return
+        for replica in replicas:
+            name = replica.name
+            theirs = replaced.blocks.replicas.get(name)
+            old_sub = replaced.events.subscribers.get(name)
+            sub = self.events.subscribers.get(name)
+            if theirs is None or name in self.blocks.replicas or sub is None or old_sub is None:
+                continue
+            if sub.stats.last_seq is None:
+                sub.stats.last_seq = old_sub.stats.last_seq
+            self.blocks.replicas[name] = replace(
+                theirs,
+                by_vllm_hash=dict(theirs.by_vllm_hash),
+                refs=dict(theirs.refs),
+                pending=OrderedDict(theirs.pending),
+            )

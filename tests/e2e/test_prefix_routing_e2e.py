@@ -7,6 +7,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import zmq.asyncio
+
+from bench.sim.kv_events import KvEventPublisher
+from bench.sim.kvcache import BlockStored
+from routing.kv_index import HFTokenizer
+from routing.prefix import PrecisePrefixRouter
+from routing.prompt_text import render_for_routing
 from tests.conftest import FakeFactory, GatewayFactory, build_policy, vllm
 from tests.routing.helpers import words, write_bpe_tokenizer
 
@@ -89,3 +97,85 @@ async def test_route_details_reach_callers_only_when_the_policy_says(
             for answer in (*answers, hit):
                 assert "x-gateway-route-reason" not in answer.headers
                 assert "x-gateway-prefix-match" not in answer.headers
+
+
+async def test_a_reload_that_adds_a_replica_keeps_what_the_index_knew(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """A changed backend gets a new router: it used to start with an empty index, so a hot
+    prefix went cold (and spread) until its replica's next KV event."""
+    ups = [await make_fake() for _ in range(3)]
+    ctx = zmq.asyncio.Context()
+    publishers = [KvEventPublisher(ctx) for _ in ups]
+    for publisher in publishers:
+        await publisher.start()
+    tokenizer_path = write_bpe_tokenizer(tmp_path / "tokenizer.json")
+    path = tmp_path / "policy.yaml"
+
+    def policy(n: int) -> str:
+        routing = {
+            "strategy": "prefix_precise",
+            "tokenizer": str(tokenizer_path),
+            "scrape_interval_s": 0,
+            "pending_ttl_s": 0,  # only what the events report counts
+            "kv_events": {
+                "endpoints": {
+                    u.url: {"endpoint": p.endpoint, "replay_endpoint": p.replay_endpoint}
+                    for u, p in zip(ups[:n], publishers, strict=False)
+                }
+            },
+        }
+        backend = vllm(*(u.url for u in ups[:n]), routing=routing)
+        return build_policy({"up": backend}, {"m": {"backend": "up", "model": "fake-model"}})
+
+    hot = words(300, seed=5)
+
+    def ask(question: str) -> Any:
+        return [{"role": "system", "content": hot}, {"role": "user", "content": question}]
+
+    async def replica_of(question: str) -> str:
+        raw = await gw.client.chat.completions.with_raw_response.create(
+            model="m", messages=ask(question)
+        )
+        return raw.headers["x-gateway-replica"]
+
+    try:
+        path.write_text(policy(2))
+        gw = await make_gateway(path.read_text(), policy_path=path)
+        router = gw.runtime.pools["up"].router
+        assert isinstance(router, PrecisePrefixRouter)
+        holder = gw.runtime.pools["up"].replicas[1]
+        ids = HFTokenizer(tokenizer_path).encode(render_for_routing({"messages": ask("q")}))
+        blocks = len(ids) // 16
+        stored = BlockStored(list(range(1, blocks + 1)), None, ids[: blocks * 16], 16)
+        await publishers[1].publish([stored])
+        filler = 0
+        async with asyncio.timeout(10):
+            while router.blocks.held_blocks(holder.name) < blocks:
+                # A batch after the first replays it, had it gone out before the subscription.
+                filler += 1
+                await publishers[1].publish([BlockStored([10_000 + filler], None, [0] * 16, 16)])
+                await asyncio.sleep(0.02)
+        assert await replica_of("before") == f"up/{holder.name}"
+
+        path.write_text(policy(3))
+        async with aiohttp.ClientSession() as s, s.post(gw.root + "/admin/reload") as r:
+            assert r.status == 200, await r.text()
+        assert gw.runtime.pools["up"].router is not router  # a new router, no event since
+        served = {await replica_of(f"after {i}") for i in range(4)}
+        assert served == {f"up/{holder.name}"}
+        # The new subscriber goes on from the old one's sequence number: no replay from 0.
+        new = gw.runtime.pools["up"].router
+        assert isinstance(new, PrecisePrefixRouter)
+        stats = new.events.subscribers[holder.name].stats
+        async with asyncio.timeout(10):
+            while stats.batches == 0:
+                filler += 1
+                await publishers[1].publish([BlockStored([10_000 + filler], None, [0] * 16, 16)])
+                await asyncio.sleep(0.02)
+        assert stats.gaps == 0
+        assert new.blocks.held_blocks(holder.name) >= blocks
+    finally:
+        for publisher in publishers:
+            await publisher.close()
+        ctx.term()
