@@ -123,6 +123,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
             print(f"  {line}", file=sys.stderr)
         return 1
     print(f"{args.policy}: OK: {summary(policy)}")
+    if policy.server.route_detail_headers:
+        print(
+            f"{args.policy}: note: server.route_detail_headers: answers tell every caller how "
+            "much of its prompt the replica held, shared across tenants: for debugging only"
+        )
     return 0
 
 

@@ -216,7 +216,13 @@ class Orchestrator:
         self.slo.observe(call.plan.name, RequestTiming(ms_since(call.started)))
         quota.cache_hit = True  # no upstream tokens, no cost
         quota.downgraded = None  # the stored answer is served, not the downgrade model's
-        plan = self.relay_plan(call, cache_headers(lookup.hit), Watch(), None, quota)
+        plan = self.relay_plan(
+            call,
+            cache_headers(lookup.hit, call.rt.policy.server.route_detail_headers),
+            Watch(),
+            None,
+            quota,
+        )
         answer = replayed(lookup.hit)
         self.recorder.cached(call, answer)
         return await send_answer(call.request, answer, plan)
@@ -293,7 +299,7 @@ class Orchestrator:
         _label(call, attempt)  # known now, should the client leave
         watch = Watch.of(call, lookup)
         headers = {
-            **_attempt_headers(attempt),
+            **_attempt_headers(call, attempt),
             **(tier.headers() if tier else {}),
             **cache_state(lookup),
         }
@@ -333,7 +339,7 @@ class Orchestrator:
         _label(call, attempt)
         watch = Watch.of(call, lookup)
         headers = {
-            **_attempt_headers(attempt),
+            **_attempt_headers(call, attempt),
             **tier.headers(),
             **out.headers,
             **cache_state(lookup),
@@ -438,12 +444,11 @@ def _label_tried(call: Call) -> None:
         call.request[LABELS_KEY] = (labels[0], *call.tried)
 
 
-def _attempt_headers(attempt: Attempt) -> dict[str, str]:
-    headers = {
-        "x-gateway-replica": f"{attempt.target.pool.name}/{attempt.decision.replica.name}",
-        "x-gateway-route-reason": attempt.decision.reason,
-        "x-gateway-prefix-match": str(attempt.decision.matched_prefix),
-    }
+def _attempt_headers(call: Call, attempt: Attempt) -> dict[str, str]:
+    headers = {"x-gateway-replica": f"{attempt.target.pool.name}/{attempt.decision.replica.name}"}
+    if call.rt.policy.server.route_detail_headers:
+        headers["x-gateway-route-reason"] = attempt.decision.reason
+        headers["x-gateway-prefix-match"] = str(attempt.decision.matched_prefix)
     if attempt.hedged:
         headers["x-gateway-hedge"] = attempt.winner
     return headers

@@ -58,6 +58,8 @@ class PrefixRouting(BalancedRouting):
     kv_capacity_tokens: int = Field(default=262_144, ge=1)
     chars_per_token: float = Field(default=4.0, gt=0, le=32)
     learn_capacity: bool = True  # take num_gpu_blocks x block_size from /metrics when present
+    # Only the routing text's first characters are hashed (0.2 us per chunk, on the event loop).
+    max_prefix_chars: int = Field(default=262_144, ge=1024, le=16 * 2**20)
 
 
 class KVEventEndpoint(Strict):
@@ -80,6 +82,8 @@ class PrecisePrefixRouting(BalancedRouting):
     tokenizer: str | None = None
     block_size: int = Field(default=16, ge=1, le=4096)  # until the events report theirs
     pending_ttl_s: float = Field(default=2.0, ge=0, le=60)
+    # Only the routing text's first characters are tokenized (~0.3 us each, on the event loop).
+    max_prefix_chars: int = Field(default=65_536, ge=1024, le=16 * 2**20)
     kv_events: KVEventsSettings = Field(default_factory=KVEventsSettings)
 
     @model_validator(mode="after")

@@ -20,6 +20,9 @@ server:
   surface_header: X-Surface       # the request header that selects a surface
   retry_after_s: 2                # Retry-After on a 503 no_healthy_replica, upstream_saturated,
                                   # store_unavailable (admission's 503 estimates its own, 1-60 s)
+  route_detail_headers: false     # true: answers say x-gateway-route-reason and
+                                  # x-gateway-prefix-match (debugging: the prefix index is
+                                  # shared, so they tell a caller what others' prompts hold)
 admission:                        # how each backend's admission queue behaves
   max_outstanding_per_replica: 64 # saturated when the gateway has this many in flight per replica
   max_waiting: 0                  # ... or when every replica's scraped vLLM queue exceeds this
@@ -141,6 +144,10 @@ class ServerConfig(Strict):
     cors: CorsConfig | None = None
     surface_header: str = "X-Surface"
     retry_after_s: int = Field(2, ge=1)
+    # Why a replica was chosen and how much of the prompt it holds: the prefix index serves
+    # every tenant, so a match length answers "does another tenant's prompt begin with this?"
+    # one chunk at a time. Off by default; spans and metrics carry the decision either way.
+    route_detail_headers: bool = False
 
 
 class AdmissionConfig(Strict):

@@ -41,6 +41,13 @@ class BackgroundRouter(Protocol):
 
 
 @runtime_checkable
+class CarriedRouter(Protocol):
+    """A router whose state outlives a reload: the new one starts from the replaced one's."""
+
+    def carry_over(self, replaced: object, replicas: Sequence[Replica]) -> None: ...
+
+
+@runtime_checkable
 class MetricsObserver(Protocol):
     """A router that learns from scraped /metrics (pass it to MetricsScraper's listeners)."""
 
@@ -94,6 +101,7 @@ def _precise(config: PrecisePrefixRouting, tokenizer: Tokenizer | None) -> Preci
         replay_timeout_s=ev.replay_timeout_s,
         work_half_life_s=config.work_half_life_s,
         load_smoothing_s=config.load_smoothing_s,
+        max_prefix_chars=config.max_prefix_chars,
     )
 
 
@@ -113,6 +121,7 @@ def build_router(config: RoutingConfig | None, *, tokenizer: Tokenizer | None = 
             learn_capacity=config.learn_capacity,
             work_half_life_s=config.work_half_life_s,
             load_smoothing_s=config.load_smoothing_s,
+            max_prefix_chars=config.max_prefix_chars,
         )
     if isinstance(config, PrecisePrefixRouting):
         return _precise(config, tokenizer)

@@ -28,7 +28,12 @@ confirmed by the events, which then keep them).
 Tokenizers (``Tokenizer`` protocol, sync because routing decisions are sync):
 - ``HFTokenizer``: the model's ``tokenizer.json`` through the ``tokenizers`` package (Rust,
   about 1-3 us per token on these CPUs, so 1-4 ms for a 1,000-token prompt: the dominant cost of
-  precise mode; run it off the event loop when prompts are long). The routing text must be what
+  precise mode). It runs on the event loop (``encode`` holds the GIL, so a thread would not
+  help), which is why only the first ``max_prefix_chars`` characters of the routing text are
+  tokenized (65,536: about 20 ms at most): a caller's megabytes of prompt must not stall every
+  other request. A longer prompt then matches on those characters' blocks only (less one
+  block that the cut may have changed), so replicas holding more of it tie, broken by load. The
+  routing text must be what
   the engine's chat template renders (routing/prompt_text.py renders ChatML) or matches end at
   the first difference: precise mode then degrades to fewer hits, never to wrong ones.
 - ``CallableTokenizer``: any ``str -> list[int]`` (the simulator's stand-in tokenizer).
@@ -159,11 +164,13 @@ class KVBlockIndex:
         media: frozenset[str] = frozenset({"GPU", "gpu"}),
         clock: Callable[[], float] = time.monotonic,
         max_blocks: int = MAX_BLOCKS,
+        max_prefix_chars: int = 65_536,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_blocks = max_blocks
         self.default_block_size = default_block_size
         self.pending_ttl_s = pending_ttl_s
+        self.max_prefix_chars = max_prefix_chars
         self.media = media
         self.clock = clock
         self.replicas: dict[str, ReplicaBlocks] = {}
@@ -226,7 +233,10 @@ class KVBlockIndex:
         return len(blocks.refs) if blocks else 0
 
     def probe(self, request: RoutingRequest) -> KVProbe:
-        return KVProbe(self, self.tokenizer.encode(request.prompt_text))
+        text = request.prompt_text
+        if len(text) <= self.max_prefix_chars:
+            return KVProbe(self, self.tokenizer.encode(text), cut=False)
+        return KVProbe(self, self.tokenizer.encode(text[: self.max_prefix_chars]), cut=True)
 
     def match(self, replica_name: str, chain: Sequence[int]) -> int:
         blocks = self.replicas.get(replica_name)
@@ -259,11 +269,19 @@ class KVBlockIndex:
 
 
 class KVProbe:
-    __slots__ = ("_chains", "index", "tokens", "unit_size")
+    """The token ids of one request's routing text, chained per block size on demand.
 
-    def __init__(self, index: KVBlockIndex, tokens: list[int]) -> None:
+    ``cut``: the ids are those of the text's first ``max_prefix_chars`` characters only. The
+    last ids of a cut text may differ from the whole text's (a word cut in two), so a block's
+    worth of ids is dropped from the end before the chain is built.
+    """
+
+    __slots__ = ("_chains", "cut", "index", "tokens", "unit_size")
+
+    def __init__(self, index: KVBlockIndex, tokens: list[int], cut: bool) -> None:
         self.index = index
         self.tokens = tokens
+        self.cut = cut
         self.unit_size = index.default_block_size
         self._chains: dict[int, list[int]] = {}
 
@@ -272,7 +290,8 @@ class KVProbe:
         self.unit_size = size
         chain = self._chains.get(size)
         if chain is None:
-            chain = self._chains[size] = token_chain(self.tokens, size)
+            tokens = self.tokens[: len(self.tokens) - size] if self.cut else self.tokens
+            chain = self._chains[size] = token_chain(tokens, size)
         return chain
 
     def matched(self, replica: Replica) -> int:

@@ -38,7 +38,7 @@ from yarl import URL
 
 from policies.routing import RoutingConfig
 from routing.admission import AdmissionQueue
-from routing.factory import BackgroundRouter, HealthObserver, MetricsObserver
+from routing.factory import BackgroundRouter, CarriedRouter, HealthObserver, MetricsObserver
 from routing.http1 import Http1Pool
 from routing.metrics_scrape import MetricsListener, MetricsScraper
 from routing.replica import InFlight, Replica
@@ -158,7 +158,10 @@ class BackendPool:
         connections under this pool's ``max_connections``), and admit through the queue of
         ``replaced`` (the same backend's pool), which goes on counting the tickets it granted
         and its waiters. What this pool brings of its own is kept in ``states`` for the
-        pools of later reloads."""
+        pools of later reloads. A router that can (``CarriedRouter``) starts from what
+        ``replaced``'s router knew of the replicas both serve."""
+        if replaced is not None and isinstance(self.router, CarriedRouter):
+            self.router.carry_over(replaced.router, self.replicas)
         for replica in self.replicas:
             replica.in_flight = states.in_flight(self.name, replica.base_url, replica.in_flight)
         for url, mine in list(self._wires.items()):

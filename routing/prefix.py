@@ -56,12 +56,16 @@
 #   chars_per_token      converts that capacity into chunks; with `learn_capacity`, measured
 #                        from the characters sent vs vllm:prompt_tokens_total
 #   min_match            chunks/blocks a match needs to count (1)
+#   max_prefix_chars     only this many leading characters of the routing text are hashed
+#                        (approximate, 262,144) or tokenized (precise, 65,536): the work per
+#                        decision is bounded whatever a caller sends; a longer prompt matches
+#                        on that part only (replicas that hold more of it tie, load decides)
 #   load_epsilon (0.25), load_slack (1 request), load_smoothing_s (30), max_waiting (0),
 #   max_kv_usage (0.95): the overload rule; work_half_life_s (30): the cold-placement memory
 #
 # Cost: a chunk's hash is Python's hash of (parent hash, chunk text), about 0.2 us per chunk
-# (salted per process: the index is this process's own memory, never shared); a match is one
-# dict lookup per chunk per replica. bench.prefix_routing reports the measured cost per
+# (salted per process: the index is this process's own memory, never shared), so at most about
+# 1 ms for `max_prefix_chars`; a match is one dict lookup per chunk per replica. bench.prefix_routing reports the measured cost per
 # decision (route_us). Memory: about 100 bytes per chunk hash per replica.
 #
 # Several gateway instances each build their own approximate index from the traffic they
@@ -74,6 +78,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from routing.kv_events import KVEventHub, KVEventSource, event_sources
@@ -119,10 +124,13 @@ def text_chain(text: str, chunk_chars: int) -> list[int]:
 class ChunkIndex:
     """Approximate index: per replica, an LRU of the chunk chains routed to it."""
 
-    def __init__(self, chunk_chars: int, capacity_chunks: int) -> None:
+    def __init__(
+        self, chunk_chars: int, capacity_chunks: int, max_prefix_chars: int = 262_144
+    ) -> None:
         if chunk_chars < 1 or capacity_chunks < 1:
             raise ValueError("chunk_chars and capacity_chunks must be positive")
         self.chunk_chars = chunk_chars
+        self.max_prefix_chars = max_prefix_chars
         self.default_capacity = capacity_chunks
         self._lru: dict[str, OrderedDict[int, None]] = {}
         self._capacity: dict[str, int] = {}
@@ -141,7 +149,8 @@ class ChunkIndex:
         self._lru.pop(replica_name, None)
 
     def probe(self, request: RoutingRequest) -> ChunkProbe:
-        return ChunkProbe(self, text_chain(request.prompt_text, self.chunk_chars))
+        text = request.prompt_text[: self.max_prefix_chars]  # chars are exact: no tail to drop
+        return ChunkProbe(self, text_chain(text, self.chunk_chars))
 
     def match(self, replica_name: str, chain: Sequence[int]) -> int:
         lru = self._lru.get(replica_name)
@@ -304,12 +313,14 @@ class ApproximatePrefixRouter(PrefixAwareRouter):
         work_half_life_s: float = 30.0,
         load_smoothing_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        max_prefix_chars: int = 262_144,
     ) -> None:
         self.chars_per_token = chars_per_token
         self.kv_capacity_tokens = kv_capacity_tokens
         self.learn_capacity = learn_capacity
         self._chunk_chars = chunk_chars
-        self.chunks = ChunkIndex(chunk_chars, self._chunks_for(kv_capacity_tokens, chars_per_token))
+        capacity = self._chunks_for(kv_capacity_tokens, chars_per_token)
+        self.chunks = ChunkIndex(chunk_chars, capacity, max_prefix_chars)
         self._sent_chars: dict[str, int] = {}
         self._learned: dict[str, tuple[int, float]] = {}  # name -> (tokens, chars/token)
         self._mark: dict[str, tuple[int, float]] = {}  # name -> (chars sent, prompt tokens)
@@ -376,8 +387,15 @@ class PrecisePrefixRouter(PrefixAwareRouter):
         work_half_life_s: float = 30.0,
         load_smoothing_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        max_prefix_chars: int = 65_536,
     ) -> None:
-        self.blocks = KVBlockIndex(tokenizer, default_block_size, pending_ttl_s, clock=clock)
+        self.blocks = KVBlockIndex(
+            tokenizer,
+            default_block_size,
+            pending_ttl_s,
+            clock=clock,
+            max_prefix_chars=max_prefix_chars,
+        )
         self.events = KVEventHub(self.blocks, replay_timeout_s)
         self._sources = sources
         super().__init__(self.blocks, balance, min_match, work_half_life_s, load_smoothing_s, clock)
@@ -390,3 +408,28 @@ class PrecisePrefixRouter(PrefixAwareRouter):
 
     def replica_out(self, replica: Replica) -> None:
         self.events.forget(replica.name)
+
+    def carry_over(self, replaced: object, replicas: Sequence[Replica]) -> None:
+        """A reload replaced ``replaced`` by this router (a replica added or removed): start
+        from a copy of what it knew of the replicas both serve, not from nothing until each
+        one's next event (a hot prefix would meanwhile go cold to the others). Only a replica
+        whose events this router has not applied yet; its subscriber goes on from the old
+        one's last sequence number, so its first batch replays what the swap missed, or, if
+        the numbers went back (the engine restarted), clears the copy."""
+        if not isinstance(replaced, PrecisePrefixRouter):
+            return
+        for replica in replicas:
+            name = replica.name
+            theirs = replaced.blocks.replicas.get(name)
+            old_sub = replaced.events.subscribers.get(name)
+            sub = self.events.subscribers.get(name)
+            if theirs is None or name in self.blocks.replicas or sub is None or old_sub is None:
+                continue
+            if sub.stats.last_seq is None:
+                sub.stats.last_seq = old_sub.stats.last_seq
+            self.blocks.replicas[name] = replace(
+                theirs,
+                by_vllm_hash=OrderedDict(theirs.by_vllm_hash),
+                refs=dict(theirs.refs),
+                pending=OrderedDict(theirs.pending),
+            )

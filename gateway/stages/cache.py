@@ -130,15 +130,15 @@ def replayed(hit: CacheHit) -> bytes:
     return render_json(data)
 
 
-def cache_headers(hit: CacheHit | None) -> dict[str, str]:
-    """A hit's headers: what it was, and where the answer came from (no replica served it)."""
+def cache_headers(hit: CacheHit | None, route_details: bool = False) -> dict[str, str]:
+    """A hit's headers: what it was, and where the answer came from (no replica served it);
+    with ``route_details`` (``server.route_detail_headers``) the route reason too, as a live
+    answer has it."""
     if hit is None:
         return {"x-gateway-cache": "miss"}
-    headers: dict[str, str] = {
-        "x-gateway-cache": hit.kind,
-        "x-gateway-replica": "cache",
-        "x-gateway-route-reason": f"cache_{hit.kind}",
-    }
+    headers: dict[str, str] = {"x-gateway-cache": hit.kind, "x-gateway-replica": "cache"}
+    if route_details:
+        headers["x-gateway-route-reason"] = f"cache_{hit.kind}"
     if hit.similarity is not None:
         headers["x-gateway-cache-similarity"] = f"{hit.similarity:.4f}"
     return headers

@@ -52,7 +52,9 @@ async def test_cache_hits_look_like_live_answers_and_skips_say_why(
     make_fake: FakeFactory, make_gateway: GatewayFactory
 ) -> None:
     up = await make_fake()
-    gw = await make_gateway(policy(up.url, surfaces={"default": {"cache": {"exact": True}}}))
+    cached = {"default": {"cache": {"exact": True}}}
+    server = {"route_detail_headers": True}  # x-gateway-route-reason, read below
+    gw = await make_gateway(policy(up.url, surfaces=cached, server=server))
     live = await gw.client.chat.completions.with_raw_response.create(
         model="m", messages=QUESTION, temperature=0
     )

@@ -151,3 +151,19 @@ def test_check_counts_every_problem_and_lists_twenty(tmp_path: Path) -> None:
     # Before: the header said 21 (the 20 listed and the line counting the rest).
     assert lines[0].endswith("invalid policy (30 problem(s))"), lines[0]
     assert len(lines) == 1 + 20 + 1 and lines[-1] == "  and 10 more problem(s)"
+
+
+def test_check_notes_route_detail_headers(tmp_path: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    backends = "backends: {pool: {kind: vllm, replicas: ['http://127.0.0.1:9/v1']}}\n"
+    policy.write_text(f"server: {{route_detail_headers: true}}\n{backends}")
+    proc = check(policy)
+    assert proc.returncode == 0, proc.stderr
+    assert "note: server.route_detail_headers" in proc.stdout
+    policy.write_text(f"server: {{route_detail_headers: yes please}}\n{backends}")
+    proc = check(policy)
+    assert proc.returncode == 1
+    assert f"{policy}:1: server.route_detail_headers" in proc.stderr
+    policy.write_text(backends)
+    proc = check(policy)
+    assert proc.returncode == 0 and "note:" not in proc.stdout

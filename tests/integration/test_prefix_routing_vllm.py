@@ -97,7 +97,9 @@ async def run_arm(
     """``label`` names the arm's prompts (default: the strategy): arms never share a prefix."""
     routing = routing_settings(pool, strategy)
     backend = vllm(*pool.replicas, health={"interval_s": 5}, routing=routing)
-    gw = await make_gateway(build_policy({"local": backend}, {"default": {"backend": "local"}}))
+    models = {"default": {"backend": "local"}}
+    server = {"route_detail_headers": True}  # x-gateway-prefix-match, read below
+    gw = await make_gateway(build_policy({"local": backend}, models, server=server))
     if strategy == "prefix_precise":
         await asyncio.sleep(1.0)  # ZMQ subscriptions join after connect (slow joiner)
     before = await totals(pool)
