@@ -104,7 +104,10 @@ class RedisStore:
         self._next_sweep = time.monotonic() + sweep_interval_s
         self._stream = f"{prefix}:events"
         # A blocking pool: a burst beyond max_connections waits for a free connection
-        # (bounded by the call's timeout) instead of failing.
+        # (bounded by the call's timeout) instead of failing. ``from_pool`` hands the pool to
+        # the client, so ``aclose`` closes its connections too (a client given a pool through
+        # ``connection_pool=`` leaves it open: each store a reload replaced kept up to
+        # ``max_connections`` sockets to Redis).
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
             max_connections=max_connections,
@@ -112,7 +115,7 @@ class RedisStore:
             socket_connect_timeout=max(timeout_s, 0.2),
             socket_timeout=5.0,
         )
-        self._redis = aioredis.Redis(connection_pool=pool)
+        self._redis = aioredis.Redis.from_pool(pool)
         self._follower = aioredis.Redis.from_url(
             url, socket_connect_timeout=1.0, socket_timeout=block_ms / 1000 + 5.0
         )

@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
+import redis.asyncio as aioredis
 
 from cache.redis_store import RedisStore
 from cache.semantic import ResponseCache
@@ -204,3 +205,27 @@ async def test_redis_killed_mid_run_degrades_to_misses_then_recovers(
     await eventually(works_again)
     assert await get(cache, embedder, "what are your opening hours please") == "semantic:8 to 6"
     await cache.aclose()
+
+
+async def _clients(server: RedisServer) -> int:
+    """Connections Redis holds open, the one asking included."""
+    admin = aioredis.Redis.from_url(server.url)
+    try:
+        return len(await admin.client_list())
+    finally:
+        await admin.aclose()
+
+
+async def test_a_closed_store_leaves_no_connection_to_redis(
+    redis_server: RedisServer, embedder: HashingEmbedder
+) -> None:
+    """Its pool's connections close with it: a reload that changes ``cache_store`` replaces
+    the store, and each replaced one kept a burst's worth of sockets (up to 64) open."""
+    baseline = await _clients(redis_server)
+    for round_no in range(3):
+        cache = await instance(redis_server)
+        questions = [f"question {round_no} number {i}" for i in range(20)]
+        await asyncio.gather(*(put(cache, embedder, q, "an answer") for q in questions))
+        assert await _clients(redis_server) > baseline + 2  # a burst opened several
+        await cache.aclose()
+        assert await _clients(redis_server) == baseline
