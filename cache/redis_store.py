@@ -154,6 +154,10 @@ class RedisStore:
         await self._redis.aclose()
         await self._follower.aclose()
 
+    async def retune(self, *, timeout_s: float, max_bytes: int) -> None:
+        """A reload's ``timeout_ms`` bounds the next calls (Redis bounds its own memory)."""
+        self.timeout_s = timeout_s
+
     @property
     def available(self) -> bool:
         """False during the back-off window after a failure; then one call may try again."""

@@ -222,14 +222,23 @@ class ResponseCache:
     """The orchestrator's entry point: ``plan``, ``lookup``, ``fill``, ``purge``."""
 
     def __init__(
-        self, store: CacheStore, verifier: Verifier | None, *, dim: int = 384, **index_args: Any
+        self,
+        store: CacheStore,
+        verifier: Verifier | None,
+        *,
+        dim: int = 384,
+        gate: SemanticGate | None = None,
+        stats: CacheStats | None = None,
+        **index_args: Any,
     ) -> None:
+        """``gate`` and ``stats``: those of the cache this one replaces (a reload that changes
+        the store), so the audit's raised thresholds hold and the counters go on."""
         self.store = store
         self.index = VectorIndex(dim, **index_args)
         store.attach(self.index)
         self.exact = ExactCache(store)
-        self.semantic = SemanticCache(store, self.index, SemanticGate(verifier))
-        self.stats = CacheStats()
+        self.semantic = SemanticCache(store, self.index, gate or SemanticGate(verifier))
+        self.stats = stats or CacheStats()
 
     async def start(self) -> None:
         await self.store.start()

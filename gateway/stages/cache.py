@@ -209,7 +209,7 @@ class CacheStage:
         from cache.audit import AuditBook
 
         self.cache = cache
-        self.config = config  # what it was opened with: a reload with the same keeps it
+        self.config = config  # the settings in force (a reload keeping the store retunes it)
         self.redis_url = redis_url
         self.timeout_s = config.timeout_ms / 1000
         self.audits = audits or AuditBook()
@@ -217,8 +217,20 @@ class CacheStage:
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
-    async def open(cls, config: CacheStoreConfig, redis_url: str | None, dim: int) -> CacheStage:
-        """Build the store, index and verifier, off the event loop."""
+    async def open(
+        cls,
+        config: CacheStoreConfig,
+        redis_url: str | None,
+        dim: int,
+        replaces: CacheStage | None = None,
+    ) -> CacheStage:
+        """Build the store, index and verifier, off the event loop.
+
+        ``replaces``: the stage of the store a reload replaces. What the gateway learned and
+        counted outlives its store: the new stage shares its gate (the audit's raised
+        thresholds, which only ``DELETE /admin/cache/thresholds`` lowers), its audit book and
+        its counters (which never go back), and the old stage's last fills and audits, still
+        running, count there too."""
         from cache.redis_store import RedisStore
         from cache.semantic import ResponseCache
         from cache.store import CacheStore, InMemoryStore
@@ -229,10 +241,27 @@ class CacheStage:
             store = RedisStore(redis_url, prefix=config.prefix, timeout_s=config.timeout_ms / 1000)
         else:
             store = InMemoryStore(max_bytes=config.max_memory_bytes)
-        verifier = await asyncio.to_thread(Verifier.load)
-        cache = ResponseCache(store, verifier, dim=dim)
+        if replaces is not None:
+            old = replaces.cache
+            cache = ResponseCache(store, None, dim=dim, gate=old.semantic.gate, stats=old.stats)
+        else:
+            verifier = await asyncio.to_thread(Verifier.load)
+            cache = ResponseCache(store, verifier, dim=dim)
         await cache.start()
-        return cls(cache, config, redis_url)
+        return cls(cache, config, redis_url, replaces.audits if replaces is not None else None)
+
+    def keeps_store(self, config: CacheStoreConfig, redis_url: str | None) -> bool:
+        """Whether a reload to these settings keeps this stage and its store (and entries):
+        only another Redis, or another key prefix in it, needs a new store."""
+        if redis_url != self.redis_url:
+            return False
+        return redis_url is None or config.prefix == self.config.prefix
+
+    async def retune(self, config: CacheStoreConfig) -> None:
+        """Apply a reload's settings to this stage and store (``keeps_store``)."""
+        self.config = config
+        self.timeout_s = config.timeout_ms / 1000
+        await self.cache.store.retune(timeout_s=self.timeout_s, max_bytes=config.max_memory_bytes)
 
     async def aclose(self) -> None:
         await self.drain()
