@@ -1,7 +1,8 @@
 """The cache stage: look up before routing, replay a hit, fill after the answer.
 
-Lookups are bounded by ``cache_store.timeout_ms``: a slow or down store is a miss, never an
-error. A hit is replayed with a fresh id and timestamp and zero usage (nothing was generated
+Lookups are bounded: each store call by ``cache_store.timeout_ms`` (a slow or down store is
+``unavailable``), the whole lookup, embedding and search included, by ``timeout_ms`` + 0.5 s
+(``timeouts``); either is a miss, never an error. A hit is replayed with a fresh id and timestamp and zero usage (nothing was generated
 for this request), as JSON or as the SSE chunks of ``gateway.protocol.answers``. Fills run as
 background tasks after the response, off the request's time budget, and only for complete,
 successful answers (a stream is stored only when it ended with ``[DONE]`` and every choice
@@ -52,6 +53,7 @@ MAX_STORED_BYTES = 4 * 1024 * 1024  # answers longer than this, streamed or not,
 # Fills waiting for the store or the embedder (each holds its answer, up to MAX_STORED_BYTES):
 # past this many, a new answer is not kept rather than queued without bound.
 MAX_PENDING_FILLS = 256
+LOOKUP_MARGIN_S = 0.5  # a lookup waits timeout_ms and this (for the embedding and the search)
 ZERO_USAGE: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 
@@ -287,7 +289,7 @@ class CacheStage:
         if plan.request is None or not plan.lookup:
             return Lookup(plan)
         try:
-            async with asyncio.timeout(self.timeout_s + 0.5):
+            async with asyncio.timeout(self.timeout_s + LOOKUP_MARGIN_S):
                 semantic = policy.semantic is not None and plan.semantic
                 if semantic:
                     call.query.start()  # computing while the exact key is read
@@ -295,8 +297,8 @@ class CacheStage:
                     plan, policy, call.query.vector if semantic else None
                 )
                 return Lookup(plan, found.hit, found.verdict)
-        except TimeoutError:
-            self.cache.stats.unavailable += 1
+        except TimeoutError:  # the store's own time-outs are StoreUnavailable: not this
+            self.cache.stats.timeouts += 1
             return Lookup(plan)
 
     def fill_later(
@@ -368,6 +370,7 @@ _STATS = (
     "misses",
     "gate_rejections",
     "unavailable",
+    "timeouts",
     "stored",
     "errors",
     "shed",
@@ -375,7 +378,8 @@ _STATS = (
 
 
 class CacheCollector(Collector):
-    """Cache outcomes at scrape time (hits by kind, misses, store unavailable, errors)."""
+    """Cache outcomes at scrape time (hits by kind, misses, store unavailable, lookups timed
+    out, errors)."""
 
     def __init__(self, stage: Callable[[], CacheStage | None]) -> None:
         self._stage = stage
