@@ -9,13 +9,15 @@ Layout (``P`` = key prefix, ``S`` = ``CacheScope.path()``: digests of tenant, na
                            and for expiry: each store in a scope reads the ids past their
                            expiry out of it and deletes them (a ``del`` event each), so that
                            no instance's index keeps an entry Redis let expire;
-* ``P:events``             stream of changes: add (with the whole entry but its response),
-                           del (evicted or expired id), purge (scope prefix); trimmed to
-                           ``stream_maxlen``.
+* ``P:events``             stream of changes: add (scope path and entry id), del (evicted or
+                           expired id), purge (scope prefix); trimmed to ``stream_maxlen``.
 
 Each instance's sync task loads every ``P:e:*`` entry into its faiss index at start (and
 after any lost connection, since Redis may have restarted empty), then follows the stream
 from the id it read before the load, so an entry stored by one instance is found by all.
+An add event names its entry and the follower reads the entry's hash (query text, vector):
+the stream, which outlives entries (no TTL, ``stream_maxlen`` events), holds no prompt text
+and no vector, only digests; an entry gone (expired, purged) before it is read is skipped.
 Every ``sweep_interval_s`` it also drops from its index the entries past their expiry that
 no store in their scope has deleted yet (a scope nobody writes to any more).
 
@@ -32,7 +34,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _ERRORS = (RedisError, OSError, TimeoutError)
+Messages = list[tuple[bytes, dict[bytes, bytes]]]  # a stream's (id, fields), as XREAD reads
 
 
 def _scope_json(scope: CacheScope) -> bytes:
@@ -104,7 +107,10 @@ class RedisStore:
         self._next_sweep = time.monotonic() + sweep_interval_s
         self._stream = f"{prefix}:events"
         # A blocking pool: a burst beyond max_connections waits for a free connection
-        # (bounded by the call's timeout) instead of failing.
+        # (bounded by the call's timeout) instead of failing. ``from_pool`` hands the pool to
+        # the client, so ``aclose`` closes its connections too (a client given a pool through
+        # ``connection_pool=`` leaves it open: each store a reload replaced kept up to
+        # ``max_connections`` sockets to Redis).
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
             max_connections=max_connections,
@@ -112,7 +118,7 @@ class RedisStore:
             socket_connect_timeout=max(timeout_s, 0.2),
             socket_timeout=5.0,
         )
-        self._redis = aioredis.Redis(connection_pool=pool)
+        self._redis = aioredis.Redis.from_pool(pool)
         self._follower = aioredis.Redis.from_url(
             url, socket_connect_timeout=1.0, socket_timeout=block_ms / 1000 + 5.0
         )
@@ -150,6 +156,10 @@ class RedisStore:
                 await asyncio.wait({task}, timeout=1.0)
         await self._redis.aclose()
         await self._follower.aclose()
+
+    async def retune(self, *, timeout_s: float, max_bytes: int) -> None:
+        """A reload's ``timeout_ms`` bounds the next calls (Redis bounds its own memory)."""
+        self.timeout_s = timeout_s
 
     @property
     def available(self) -> bool:
@@ -207,7 +217,7 @@ class RedisStore:
             pipe.zcard(zname)
             pipe.xadd(
                 self._stream,
-                {"op": "add", "i": entry.entry_id, **fields},
+                {"op": "add", "p": path, "i": entry.entry_id},
                 maxlen=self.stream_maxlen,
                 approximate=True,
             )
@@ -317,7 +327,8 @@ class RedisStore:
                 for _stream, messages in reply or []:
                     if messages:
                         last_id = messages[-1][0]
-                        await asyncio.to_thread(self._apply, messages)
+                        added = await self._added(messages)
+                        await asyncio.to_thread(self._apply, messages, added)
                 if time.monotonic() >= self._next_sweep:
                     self._next_sweep = time.monotonic() + self._sweep_interval_s
                     await notify(self._sinks, lambda sink: sink.sweep())
@@ -365,12 +376,23 @@ class RedisStore:
                 out.append(entry)
         return out
 
-    def _apply(self, messages: Iterable[tuple[bytes, dict[bytes, bytes]]]) -> None:
+    async def _added(self, messages: Messages) -> dict[str, IndexEntry]:
+        """The entries the add events name, read from their hashes: those still there."""
+        names = [
+            f"{self.prefix}:e:{fields[b'p'].decode()}:{fields[b'i'].decode()}".encode()
+            for _message_id, fields in messages
+            if fields.get(b"op") == b"add" and b"p" in fields and b"i" in fields
+        ]
+        if not names:
+            return {}
+        return {entry.entry_id: entry for entry in await self._load_batch(names)}
+
+    def _apply(self, messages: Messages, added: dict[str, IndexEntry]) -> None:
         for _message_id, fields in messages:
             op = fields.get(b"op")
             for sink in self._sinks:
                 if op == b"add":
-                    entry = _entry_from(fields.get(b"i", b"").decode(), fields)
+                    entry = added.get(fields.get(b"i", b"").decode())
                     if entry is not None:
                         sink.add(entry)
                 elif op == b"del":

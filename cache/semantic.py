@@ -72,6 +72,7 @@ class CacheStats:
     misses: int = 0
     gate_rejections: int = 0  # candidates found above the floor, none accepted
     unavailable: int = 0  # lookups or fills skipped because the store did not answer
+    timeouts: int = 0  # lookups cut short by the stage's wait (the embedder or search behind)
     stored: int = 0
     errors: int = 0  # unexpected exceptions (bugs): logged, counted, never raised
     shed: int = 0  # answers not kept: too many fills were waiting for the store or embedder
@@ -222,14 +223,23 @@ class ResponseCache:
     """The orchestrator's entry point: ``plan``, ``lookup``, ``fill``, ``purge``."""
 
     def __init__(
-        self, store: CacheStore, verifier: Verifier | None, *, dim: int = 384, **index_args: Any
+        self,
+        store: CacheStore,
+        verifier: Verifier | None,
+        *,
+        dim: int = 384,
+        gate: SemanticGate | None = None,
+        stats: CacheStats | None = None,
+        **index_args: Any,
     ) -> None:
+        """``gate`` and ``stats``: those of the cache this one replaces (a reload that changes
+        the store), so the audit's raised thresholds hold and the counters go on."""
         self.store = store
         self.index = VectorIndex(dim, **index_args)
         store.attach(self.index)
         self.exact = ExactCache(store)
-        self.semantic = SemanticCache(store, self.index, SemanticGate(verifier))
-        self.stats = CacheStats()
+        self.semantic = SemanticCache(store, self.index, gate or SemanticGate(verifier))
+        self.stats = stats or CacheStats()
 
     async def start(self) -> None:
         await self.store.start()

@@ -74,6 +74,11 @@ class CacheStore(Protocol):
 
     async def aclose(self) -> None: ...
 
+    async def retune(self, *, timeout_s: float, max_bytes: int) -> None:
+        """A reload's new ``cache_store`` settings for this same store (its entries stay):
+        each store takes what applies to it."""
+        ...
+
     async def get_exact(self, scope: CacheScope, key: str) -> StoredResponse | None: ...
 
     async def put_exact(self, scope: CacheScope, key: str, response: bytes, ttl_s: int) -> None: ...
@@ -131,6 +136,12 @@ class InMemoryStore:
 
     async def aclose(self) -> None:
         return None
+
+    async def retune(self, *, timeout_s: float, max_bytes: int) -> None:
+        self._max_bytes = max_bytes
+        doomed = self._shed()  # a lower bound holds at once
+        if doomed:
+            await notify(self._sinks, lambda sink: _remove_all(sink, doomed))
 
     async def get_exact(self, scope: CacheScope, key: str) -> StoredResponse | None:
         found = self._exact.get((scope, key))

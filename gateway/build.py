@@ -6,9 +6,10 @@ the extras a section needs are installed; each problem is a ``file:line: key: me
 ``PolicyError``. ``llm-gateway check`` runs exactly this. ``build_runtime`` then starts what needs
 the event loop (pools, the cache store, the embedding model, the exporter), reusing from the
 running runtime whatever did not change (pools keep their health and in-flight counts, the
-embedder and the cache store their state) and handing a changed backend's new pools the
-per-replica state of its pools still draining (``ReplicaStates``), so a reload swaps one
-reference; ``retire`` closes what the new runtime no longer uses (once what is in flight on it
+embedder its model, the cache stage its store and entries, retuned; a new cache store takes
+over the audit's raised thresholds, the audits and the counters) and handing a changed
+backend's new pools the per-replica state of its pools still draining (``ReplicaStates``), so
+a reload swaps one reference; ``retire`` closes what the new runtime no longer uses (once what is in flight on it
 has ended).
 """
 
@@ -280,6 +281,8 @@ async def build_runtime(
         if pool.admission is not None:
             pool.admission.settings = policy.admission
     _configure_limiter(resources.limiter, policy.shared_state)
+    if resources.cache is not None:
+        await resources.cache.retune(policy.cache_store)
     latency = previous.latency if previous is not None else None
     return Runtime(
         policy, source, prepared.pools, resources, prepared.tiers, latency, replica_states=states
@@ -305,20 +308,13 @@ async def _resources(
     cache = None
     if policy.needs_cache():
         redis_url = policy.cache_redis_url()
-        if (
-            old is not None
-            and old.cache is not None
-            and (old.cache.config, old.cache.redis_url)
-            == (
-                config,
-                redis_url,
-            )
-        ):
-            cache = old.cache
+        running = old.cache if old is not None else None
+        if running is not None and running.keeps_store(config, redis_url):
+            cache = running  # retuned to the new settings once the reload is accepted
         else:
             from gateway.stages.cache import CacheStage
 
-            cache = await CacheStage.open(config, redis_url, EMBEDDING_DIM)
+            cache = await CacheStage.open(config, redis_url, EMBEDDING_DIM, replaces=running)
     responses = _response_store(policy, previous)
     if telemetry is not None:
         return Resources(embedder, cache, telemetry, False, responses, limiter)

@@ -1,7 +1,8 @@
 """The cache stage: look up before routing, replay a hit, fill after the answer.
 
-Lookups are bounded by ``cache_store.timeout_ms``: a slow or down store is a miss, never an
-error. A hit is replayed with a fresh id and timestamp and zero usage (nothing was generated
+Lookups are bounded: each store call by ``cache_store.timeout_ms`` (a slow or down store is
+``unavailable``), the whole lookup, embedding and search included, by ``timeout_ms`` + 0.5 s
+(``timeouts``); either is a miss, never an error. A hit is replayed with a fresh id and timestamp and zero usage (nothing was generated
 for this request), as JSON or as the SSE chunks of ``gateway.protocol.answers``. Fills run as
 background tasks after the response, off the request's time budget, and only for complete,
 successful answers (a stream is stored only when it ended with ``[DONE]`` and every choice
@@ -52,6 +53,7 @@ MAX_STORED_BYTES = 4 * 1024 * 1024  # answers longer than this, streamed or not,
 # Fills waiting for the store or the embedder (each holds its answer, up to MAX_STORED_BYTES):
 # past this many, a new answer is not kept rather than queued without bound.
 MAX_PENDING_FILLS = 256
+LOOKUP_MARGIN_S = 0.5  # a lookup waits timeout_ms and this (for the embedding and the search)
 ZERO_USAGE: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 
@@ -209,7 +211,7 @@ class CacheStage:
         from cache.audit import AuditBook
 
         self.cache = cache
-        self.config = config  # what it was opened with: a reload with the same keeps it
+        self.config = config  # the settings in force (a reload keeping the store retunes it)
         self.redis_url = redis_url
         self.timeout_s = config.timeout_ms / 1000
         self.audits = audits or AuditBook()
@@ -217,8 +219,20 @@ class CacheStage:
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
-    async def open(cls, config: CacheStoreConfig, redis_url: str | None, dim: int) -> CacheStage:
-        """Build the store, index and verifier, off the event loop."""
+    async def open(
+        cls,
+        config: CacheStoreConfig,
+        redis_url: str | None,
+        dim: int,
+        replaces: CacheStage | None = None,
+    ) -> CacheStage:
+        """Build the store, index and verifier, off the event loop.
+
+        ``replaces``: the stage of the store a reload replaces. What the gateway learned and
+        counted outlives its store: the new stage shares its gate (the audit's raised
+        thresholds, which only ``DELETE /admin/cache/thresholds`` lowers), its audit book and
+        its counters (which never go back), and the old stage's last fills and audits, still
+        running, count there too."""
         from cache.redis_store import RedisStore
         from cache.semantic import ResponseCache
         from cache.store import CacheStore, InMemoryStore
@@ -229,10 +243,27 @@ class CacheStage:
             store = RedisStore(redis_url, prefix=config.prefix, timeout_s=config.timeout_ms / 1000)
         else:
             store = InMemoryStore(max_bytes=config.max_memory_bytes)
-        verifier = await asyncio.to_thread(Verifier.load)
-        cache = ResponseCache(store, verifier, dim=dim)
+        if replaces is not None:
+            old = replaces.cache
+            cache = ResponseCache(store, None, dim=dim, gate=old.semantic.gate, stats=old.stats)
+        else:
+            verifier = await asyncio.to_thread(Verifier.load)
+            cache = ResponseCache(store, verifier, dim=dim)
         await cache.start()
-        return cls(cache, config, redis_url)
+        return cls(cache, config, redis_url, replaces.audits if replaces is not None else None)
+
+    def keeps_store(self, config: CacheStoreConfig, redis_url: str | None) -> bool:
+        """Whether a reload to these settings keeps this stage and its store (and entries):
+        only another Redis, or another key prefix in it, needs a new store."""
+        if redis_url != self.redis_url:
+            return False
+        return redis_url is None or config.prefix == self.config.prefix
+
+    async def retune(self, config: CacheStoreConfig) -> None:
+        """Apply a reload's settings to this stage and store (``keeps_store``)."""
+        self.config = config
+        self.timeout_s = config.timeout_ms / 1000
+        await self.cache.store.retune(timeout_s=self.timeout_s, max_bytes=config.max_memory_bytes)
 
     async def aclose(self) -> None:
         await self.drain()
@@ -259,7 +290,7 @@ class CacheStage:
         if plan.request is None or not plan.lookup:
             return Lookup(plan)
         try:
-            async with asyncio.timeout(self.timeout_s + 0.5):
+            async with asyncio.timeout(self.timeout_s + LOOKUP_MARGIN_S):
                 semantic = policy.semantic is not None and plan.semantic
                 if semantic:
                     call.query.start()  # computing while the exact key is read
@@ -267,8 +298,8 @@ class CacheStage:
                     plan, policy, call.query.vector if semantic else None
                 )
                 return Lookup(plan, found.hit, found.verdict)
-        except TimeoutError:
-            self.cache.stats.unavailable += 1
+        except TimeoutError:  # the store's own time-outs are StoreUnavailable: not this
+            self.cache.stats.timeouts += 1
             return Lookup(plan)
 
     def fill_later(
@@ -340,6 +371,7 @@ _STATS = (
     "misses",
     "gate_rejections",
     "unavailable",
+    "timeouts",
     "stored",
     "errors",
     "shed",
@@ -347,7 +379,8 @@ _STATS = (
 
 
 class CacheCollector(Collector):
-    """Cache outcomes at scrape time (hits by kind, misses, store unavailable, errors)."""
+    """Cache outcomes at scrape time (hits by kind, misses, store unavailable, lookups timed
+    out, errors)."""
 
     def __init__(self, stage: Callable[[], CacheStage | None]) -> None:
         self._stage = stage

@@ -44,3 +44,17 @@ async def test_stored_answers_never_pass_the_byte_bound() -> None:
     assert await store.get_exact(A, "huge") is None and store.stored_bytes <= 4 * MIB
     assert await store.purge("tenant-a") > 0 and await store.purge("tenant-b") > 0
     assert store.stored_bytes == 0
+
+
+async def test_a_reload_lowering_the_bound_sheds_at_once_and_keeps_the_rest() -> None:
+    """A reload that changes ``cache_store`` but keeps the in-memory store retunes it: the
+    entries stay, and a lower bound holds at once (the index forgets what was shed)."""
+    store = InMemoryStore(max_bytes=4 * MIB)
+    index = VectorIndex(8)
+    store.attach(index)
+    for i in range(4):
+        await store.put_entry(_entry(i, A), b"x" * MIB, 3600, max_entries=100)
+    await store.retune(timeout_s=0.05, max_bytes=2 * MIB)
+    assert store.stored_bytes <= 2 * MIB
+    assert "e0" not in index and "e1" not in index
+    assert "e3" in index and await store.get_response(A, "e3") is not None

@@ -6,8 +6,10 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from cache.redis_store import RedisStore
 from cache.semantic import ResponseCache
@@ -204,3 +206,84 @@ async def test_redis_killed_mid_run_degrades_to_misses_then_recovers(
     await eventually(works_again)
     assert await get(cache, embedder, "what are your opening hours please") == "semantic:8 to 6"
     await cache.aclose()
+
+
+async def _clients(server: RedisServer) -> int:
+    """Connections Redis holds open, the one asking included."""
+    admin = aioredis.Redis.from_url(server.url)
+    try:
+        return len(await admin.client_list())
+    finally:
+        await admin.aclose()
+
+
+async def test_a_closed_store_leaves_no_connection_to_redis(
+    redis_server: RedisServer, embedder: HashingEmbedder
+) -> None:
+    """Its pool's connections close with it: a reload that changes ``cache_store`` replaces
+    the store, and each replaced one kept a burst's worth of sockets (up to 64) open."""
+    baseline = await _clients(redis_server)
+    for round_no in range(3):
+        cache = await instance(redis_server)
+        questions = [f"question {round_no} number {i}" for i in range(20)]
+        await asyncio.gather(*(put(cache, embedder, q, "an answer") for q in questions))
+        assert await _clients(redis_server) > baseline + 2  # a burst opened several
+        await cache.aclose()
+        assert await _clients(redis_server) == baseline
+
+
+async def _everything_in(server: RedisServer) -> list[bytes]:
+    """Every value Redis holds, whatever its key's type (the stream's fields included)."""
+    r = aioredis.Redis.from_url(server.url)
+    out: list[bytes] = []
+    try:
+        async for key in r.scan_iter(count=1000):
+            kind = await r.type(key)
+            if kind == b"hash":
+                found: Any = await r.hgetall(key)
+                out += [k + b"=" + v for k, v in found.items()]
+            elif kind == b"stream":
+                events: Any = await r.xrange(key)
+                out += [k + b"=" + v for _id, fields in events for k, v in fields.items()]
+            elif kind == b"zset":
+                members: Any = await r.zrange(key, 0, -1)
+                out += members
+            else:
+                out.append(repr(await r.dump(key)).encode())
+    finally:
+        await r.aclose()
+    return out
+
+
+async def test_no_prompt_text_outlives_its_entry(
+    redis_server: RedisServer, embedder: HashingEmbedder
+) -> None:
+    """The event stream, which has no TTL, carried each entry's text and vector: they stayed
+    in Redis after the entry expired or was purged. It names the entry now; the other
+    instance reads the entry itself."""
+    short = CachePolicy(
+        exact_ttl=1, semantic=SemanticCacheConfig(gate="cosine", threshold=0.8, ttl=1)
+    )
+    a = await instance(redis_server)
+    b = await instance(redis_server)
+    q1, q2 = "secret marker alpha question", "secret marker beta question"
+    await a.fill(
+        plan_for(a, chat(q1), short, "acme"), short, answer("a1"), embedder.embed_sync([q1])[0]
+    )
+    await put(a, embedder, q2, "b2", tenant="globex")
+
+    async def b_learned_both() -> bool:
+        hits = [
+            await get(b, embedder, "secret marker alpha question please", tenant="acme"),
+            await get(b, embedder, "secret marker beta question please", tenant="globex"),
+        ]
+        return hits == ["semantic:a1", "semantic:b2"]
+
+    await eventually(b_learned_both)
+    assert any(b"secret marker" in value for value in await _everything_in(redis_server))
+    await b.purge("globex")
+    await asyncio.sleep(1.2)  # the TTL itself is what is under test
+    values = await _everything_in(redis_server)
+    assert [v for v in values if b"secret marker" in v or v.startswith((b"t=", b"v="))] == []
+    await a.aclose()
+    await b.aclose()

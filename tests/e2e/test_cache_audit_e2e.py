@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from tests.cache.conftest import RedisServer
 from tests.conftest import FakeFactory, GatewayFactory, RunningGateway, pool_policy
 
 LONG_ANSWER = (
@@ -15,11 +17,14 @@ LONG_ANSWER = (
 )
 
 
-def policy(url: str, semantic: dict[str, Any], rules: dict[str, str] | None = None) -> str:
+def policy(
+    url: str, semantic: dict[str, Any], rules: dict[str, str] | None = None, **sections: Any
+) -> str:
     cache: dict[str, Any] = {"exact": True, "semantic": semantic}
     if rules is not None:
         cache["rules"] = rules
-    return pool_policy([url], surfaces={"chat": {"match": {"header": "chat"}, "cache": cache}})
+    surfaces = {"chat": {"match": {"header": "chat"}, "cache": cache}}
+    return pool_policy([url], surfaces=surfaces, **sections)
 
 
 async def ask(gw: RunningGateway, text: str, **kwargs: Any) -> str | None:
@@ -84,6 +89,51 @@ async def test_audit_measures_false_hits_tightens_and_is_bounded(
     async with aiohttp.ClientSession() as s, s.delete(gw.root + "/admin/cache/thresholds") as r:
         assert r.status == 200
     assert (await report(gw))["tightened_thresholds"] == {}
+
+
+async def reload(gw: RunningGateway) -> None:
+    async with aiohttp.ClientSession() as s, s.post(gw.root + "/admin/reload") as r:
+        assert r.status == 200, await r.text()
+
+
+async def test_reloads_of_cache_store_keep_raised_thresholds_audits_and_counters(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    redis_server: RedisServer,
+    tmp_path: Path,
+) -> None:
+    """A reload that changed any ``cache_store`` setting built a new cache stage: the audit's
+    raised threshold (lowered only by DELETE /admin/cache/thresholds, says the README), the
+    audit book and every counter started from nothing. A new setting for the same store
+    retunes it (the in-memory entries stay); a new store takes over the rest."""
+    up = await make_fake(reply=LONG_ANSWER)
+    semantic = {"audit_fraction": 1.0, "audit_per_minute": 10}
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy(up.url, semantic))
+    gw = await make_gateway(path.read_text(), policy_path=path)
+    assert await ask(gw, "How do I reset my password?") == "miss"
+    up.fake.settings.reply = "Paris."  # the audit's fresh answer differs: a false hit
+    assert await ask(gw, "How can I reset my password?") == "semantic"
+    before = await report(gw)
+    assert before["tightened_thresholds"]["chat"] > 0
+    assert before["audit"]["namespaces"]["chat"]["false_hits"] == 1
+
+    path.write_text(policy(up.url, semantic, cache_store={"timeout_ms": 80}))
+    await reload(gw)
+    assert gw.runtime.cache is not None and gw.runtime.cache.timeout_s == 0.08
+    assert await report(gw) == before
+    assert await ask(gw, "How do I reset my password?") == "exact"  # the entry stayed
+
+    store = {"redis_url": redis_server.url, "timeout_ms": 500}
+    path.write_text(policy(up.url, semantic, cache_store=store))
+    await reload(gw)  # a new store: empty, the rest goes on
+    after = await report(gw)
+    assert after["tightened_thresholds"] == before["tightened_thresholds"]
+    assert after["audit"] == before["audit"]
+    assert after["stats"]["exact_hits"] == before["stats"]["exact_hits"] + 1
+    assert after["stats"]["semantic_hits"] == before["stats"]["semantic_hits"]
+    assert await ask(gw, "How do I reset my password?") == "miss"
+    assert (await report(gw))["stats"]["misses"] == before["stats"]["misses"] + 1
 
 
 async def test_statement_hits_are_audited_against_min_precision(

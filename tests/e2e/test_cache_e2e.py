@@ -171,6 +171,42 @@ async def test_two_gateways_share_redis_and_survive_its_death(
     assert 'llm_gateway_cache_events_total{event="unavailable"}' in text
 
 
+async def cache_events(gw: RunningGateway) -> dict[str, float]:
+    async with aiohttp.ClientSession() as s, s.get(gw.root + "/metrics") as r:
+        lines = (await r.text()).splitlines()
+    prefix = 'llm_gateway_cache_events_total{event="'
+    return {
+        line[len(prefix) :].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in lines
+        if line.startswith(prefix)
+    }
+
+
+async def test_a_lookup_behind_its_embedding_is_a_timeout_not_an_unavailable_store(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-memory store always answers: a lookup cut short while the embedder is behind
+    was counted as the store unavailable."""
+    up = await make_fake()
+    cache = {"exact": True, "semantic": {"audit_fraction": 0}}
+    gw = await make_gateway(policy(up.url, cache, cache_store={"timeout_ms": 50}))
+    await ask(gw, messages=[{"role": "user", "content": "How do I reset my password?"}])
+    embedder = gw.runtime.embedder
+    assert embedder is not None
+    embed = embedder.embed
+
+    async def behind(texts: Any) -> Any:
+        await asyncio.sleep(3.0)  # far past the lookup's 0.05 + 0.5 s
+        return await embed(texts)
+
+    monkeypatch.setattr(embedder, "embed", behind)
+    paraphrase = [{"role": "user", "content": "How can I reset my password?"}]
+    assert (await ask(gw, messages=paraphrase))[1] == "miss"
+    events = await cache_events(gw)
+    assert events["timeouts"] == 1.0
+    assert events["unavailable"] == 0.0
+
+
 async def test_admin_purge(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:
     up = await make_fake()
     gw = await make_gateway(policy(up.url, EXACT))
