@@ -72,7 +72,7 @@ class CacheStats:
     misses: int = 0
     gate_rejections: int = 0  # candidates found above the floor, none accepted
     unavailable: int = 0  # lookups or fills skipped because the store did not answer
-    timeouts: int = 0  # lookups cut short by the stage's wait (the embedder or search behind)
+    timeouts: int = 0  # lookups cut short by the stage's wait (embedder, search or reads adding up)
     stored: int = 0
     errors: int = 0  # unexpected exceptions (bugs): logged, counted, never raised
     shed: int = 0  # answers not kept: too many fills were waiting for the store or embedder

@@ -2,7 +2,8 @@
 
 Lookups are bounded: each store call by ``cache_store.timeout_ms`` (a slow or down store is
 ``unavailable``), the whole lookup, embedding and search included, by ``timeout_ms`` + 0.5 s
-(``timeouts``); either is a miss, never an error. A hit is replayed with a fresh id and timestamp and zero usage (nothing was generated
+(``timeouts``: the embedder or search behind, or store reads each under ``timeout_ms`` that
+add up past it); either is a miss, never an error. A hit is replayed with a fresh id and timestamp and zero usage (nothing was generated
 for this request), as JSON or as the SSE chunks of ``gateway.protocol.answers``. Fills run as
 background tasks after the response, off the request's time budget, and only for complete,
 successful answers (a stream is stored only when it ended with ``[DONE]`` and every choice
@@ -298,7 +299,7 @@ class CacheStage:
                     plan, policy, call.query.vector if semantic else None
                 )
                 return Lookup(plan, found.hit, found.verdict)
-        except TimeoutError:  # the store's own time-outs are StoreUnavailable: not this
+        except TimeoutError:  # the embedder or search behind, or store reads that add up past it
             self.cache.stats.timeouts += 1
             return Lookup(plan)
 
