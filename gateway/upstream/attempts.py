@@ -364,9 +364,9 @@ class AttemptOpener:
             # anything goes out: an error event before it (overloaded) is retried elsewhere.
             if (read_first or translated) and response.status == 200:
                 if call.deadline is not None:  # what is left of it, the head's wait spent
-                    first_byte_s = min(
-                        first_byte_s, max(call.deadline - time.perf_counter(), 0.001)
-                    )
+                    left = max(call.deadline - time.perf_counter(), 0.001)
+                    if left < first_byte_s:  # the deadline cuts this wait: not the replica's
+                        first_byte_s, ours = left, True
                 attempt.first = await _first_chunk(response, replica, first_byte_s)
                 attempt.first_at = time.perf_counter()
                 span.first_chunk()

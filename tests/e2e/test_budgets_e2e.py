@@ -14,7 +14,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.observability.tracing import Telemetry
 from policies.server import TelemetryConfig
-from tests.conftest import FakeFactory, GatewayFactory, closed_port_url, pool_policy
+from tests.conftest import (
+    FakeFactory,
+    GatewayFactory,
+    build_policy,
+    closed_port_url,
+    pool_policy,
+    vllm,
+)
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
@@ -223,6 +230,34 @@ async def test_deadline_before_the_first_token_of_a_stream_is_504(
     assert up.fake.disconnected == 1
     # Its replica is not blamed: the deadline was the surface's, not a slow replica's.
     assert gw.runtime.pools["up"].replicas[0].consecutive_failures == 0
+
+
+async def test_a_deadline_that_cuts_the_first_tokens_wait_never_blames_the_replica(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """The head came within the replica's first_byte_s and the deadline (total_ms above
+    first_byte_s) then cut the wait for the first token: the 504 is the surface's, and three
+    such requests ejected every replica (each later request a 503 no_healthy_replica)."""
+    up = await make_fake(latency_ms=400)
+    backend = vllm(up.url, timeouts={"first_byte_s": 1.0}, health={"eject_after": 3})
+    surfaces = """surfaces:
+  chat:
+    match: {header: chat}
+    budget: {total_ms: 1200}
+    actions: {deadline: true}
+"""
+    gw = await make_gateway(build_policy({"up": backend}, {"m": {"backend": "up"}}, surfaces))
+    for _ in range(3):
+        up.fake.queue("ttft:3")
+        with pytest.raises(openai.APIStatusError) as info:
+            await gw.client.chat.completions.create(
+                model="m", messages=MESSAGES, stream=True, extra_headers={"X-Surface": "chat"}
+            )
+        assert info.value.status_code == 504
+    replica = gw.runtime.pools["up"].replicas[0]
+    assert replica.consecutive_failures == 0
+    answer = await gw.client.chat.completions.create(model="m", messages=MESSAGES)
+    assert answer.choices[0].message.content
 
 
 async def test_output_cap_lowers_max_tokens_to_fit_total(
