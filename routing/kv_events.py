@@ -8,8 +8,15 @@ with ``[b"", topic, seq, payload]`` for each batch it still buffers from ``start
 an end marker whose seq is -1. The subscriber detects a gap (seq jumps past last + 1), replays
 the missing range over a DEALER socket, then applies the live batch. A sequence number that goes
 backwards means the engine restarted: its cache is empty, so the replica's state is cleared.
-A first batch with seq > 0 (the gateway started after the engine) triggers a replay from 0 to
-learn what the replay buffer (vLLM's ``buffer_steps``) still holds.
+
+Re-sync. With no history of the replica (the gateway started after the engine, the engine
+restarted, or the pool took the replica out of service: ``KVEventHub.forget``), a first batch
+with seq > 0 triggers a replay from 0 to learn what the replay buffer (vLLM's ``buffer_steps``)
+still holds. The replica's index is empty then, so the batches the buffer no longer has are not
+a gap and not lost: there is nothing of theirs to doubt. Counts, so that each reads as English:
+``batches`` and ``events`` are what the replica published while followed, each batch once (live,
+or ``replayed`` to fill a gap); ``synced`` counts the batches a re-sync applied (after a forget,
+the same engine's batches may be applied a second time).
 
 Incomplete history. The index must only ever miss a hit, never claim a block the replica
 evicted, so whenever events are missing the replica's index is cleared (``resets`` counts it):
@@ -34,7 +41,7 @@ import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 from urllib.parse import urlsplit
 
 import zmq
@@ -46,6 +53,8 @@ from routing.replica import Replica
 log = logging.getLogger(__name__)
 
 YIELD_EVERY = 256
+
+Came = Literal["live", "replayed", "synced"]  # how a batch reached the subscriber
 
 
 class KVEventSink(Protocol):
@@ -66,11 +75,12 @@ class KVEventSource:
 
 @dataclass(slots=True)
 class SubscriberStats:
-    batches: int = 0
-    events: int = 0
+    batches: int = 0  # published while followed: live, or replayed to fill a gap
+    events: int = 0  # in those batches
     gaps: int = 0
-    replayed: int = 0
+    replayed: int = 0  # batches that filled a gap
     lost: int = 0  # batches a gap skipped that the replay buffer no longer had
+    synced: int = 0  # batches a re-sync applied (see the module docstring)
     restarts: int = 0
     errors: int = 0  # messages without a sequence number we could read
     bad_batches: int = 0  # batches that did not decode, skipped
@@ -127,14 +137,15 @@ class KVEventSubscriber:
             self.stats.restarts += 1
             self.sink.reset(self.source.replica_name)
             last = None
-        expected = 0 if last is None else last + 1
-        if seq > expected:
+        if last is None and seq > 0:
+            await self._replay(0, seq, resync=True)
+        elif last is not None and seq > last + 1:
             self.stats.gaps += 1
-            await self._replay(expected, seq)
+            await self._replay(last + 1, seq, resync=False)
         self._take(seq, frames[2])
 
-    def _take(self, seq: int, payload: bytes) -> bool:
-        """Apply batch ``seq``; one that does not decode is skipped (False) and counted."""
+    def _take(self, seq: int, payload: bytes, came: Came = "live") -> None:
+        """Apply batch ``seq`` and count it; one that does not decode is skipped, counted."""
         try:
             batch = decode_batch(payload)
         except KVEventFormatError as exc:
@@ -144,13 +155,17 @@ class KVEventSubscriber:
             )
             self._reset_index()
             self.stats.last_seq = seq
-            return False
+            return
         self.sink.apply(self.source.replica_name, batch)
         self._work += len(batch.events)
-        self.stats.batches += 1
-        self.stats.events += len(batch.events)
+        if came == "synced":
+            self.stats.synced += 1
+        else:
+            self.stats.batches += 1
+            self.stats.events += len(batch.events)
+            if came == "replayed":
+                self.stats.replayed += 1
         self.stats.last_seq = seq
-        return True
 
     async def _give_turn(self) -> None:
         self._work += 1
@@ -162,12 +177,14 @@ class KVEventSubscriber:
         self.stats.resets += 1
         self.sink.reset(self.source.replica_name)
 
-    async def _replay(self, start: int, stop: int) -> None:
-        """Apply buffered batches ``start <= seq < stop`` from the replay endpoint."""
+    async def _replay(self, start: int, stop: int, *, resync: bool) -> None:
+        """Apply buffered batches ``start <= seq < stop`` from the replay endpoint. A re-sync
+        starts from nothing: what it misses before its first batch is not lost."""
         reached = start
         if self.source.replay_endpoint is not None:
-            reached = await self._fetch_replay(start, stop)
-        self._missed(reached, stop)
+            reached = await self._fetch_replay(start, stop, resync)
+        if not resync or reached > start:
+            self._missed(reached, stop)
 
     def _missed(self, start: int, stop: int) -> None:
         """Batches ``start <= seq < stop`` will never come: one may have removed blocks."""
@@ -175,7 +192,7 @@ class KVEventSubscriber:
             self.stats.lost += stop - start
             self._reset_index()
 
-    async def _fetch_replay(self, start: int, stop: int) -> int:
+    async def _fetch_replay(self, start: int, stop: int, resync: bool) -> int:
         """Replay from ``start``; the seq after the last batch taken (``start`` if none)."""
         assert self.source.replay_endpoint is not None
         dealer = self._ctx.socket(zmq.DEALER)
@@ -195,9 +212,9 @@ class KVEventSubscriber:
                 if seq < 0:
                     break
                 if reached <= seq < stop and len(frames) >= 4:
-                    self._missed(reached, seq)  # the buffer starts after ``start``
-                    if self._take(seq, frames[3]):
-                        self.stats.replayed += 1
+                    if not resync or reached > start:
+                        self._missed(reached, seq)  # the buffer starts after ``start``
+                    self._take(seq, frames[3], "synced" if resync else "replayed")
                     reached = seq + 1
                 await self._give_turn()
         finally:

@@ -104,8 +104,9 @@ class KVEventCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(
             "llm_gateway_kv_events",
-            "KV-event subscribers: batches and events applied, gaps, batches replayed and "
-            "lost, engine restarts, unreadable messages, bad_batches (skipped), index resets",
+            "KV-event subscribers: batches and events published while followed, gaps, "
+            "batches replayed and lost, synced (re-learned from the replay buffer), engine "
+            "restarts, unreadable messages, bad_batches (skipped), index resets",
             labels=["backend", "replica", "event"],
         )
         for pool in self._pools():

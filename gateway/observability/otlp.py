@@ -26,11 +26,15 @@ counted once encoded: records waiting for their loop callback, a chunk or so, ar
 records a caller's exporter takes, whose size is not known.) Beyond either bound spans are
 dropped and counted (``dropped``; a warning is logged when the queue fills): a span that does
 not fit is dropped once encoded, and while the bytes are at the bound new spans are dropped
-before it, at the cost of one comparison. A failed send is retried once after ``retry_s``; then
-the batch is dropped and counted. A batch sent whole that the collector did not answer for
-within the sender's timeout (10 s) may have been received: it is not sent again (a collector
-does not remove duplicates) and is counted apart (``unconfirmed``), not as dropped. The counts
-are exported as ``llm_gateway_trace_spans_dropped_total`` and
+before it, at the cost of one comparison. The loop and the thread may encode at once, so room
+is reserved under the lock before a span is queued, ``_RESERVE`` bytes at a time (a chunk of
+spans without content takes one), and what a pass did not use is given back at its end: the
+two never hold more than the bound together, at the cost of dropping a span early near it
+(at most ``_RESERVE`` of room reserved by the other). A failed send is retried once after
+``retry_s``; then the batch is dropped and counted. A batch sent whole that the collector did
+not answer for within the sender's timeout (10 s) may have been received: it is not sent again
+(a collector does not remove duplicates) and is counted apart (``unconfirmed``), not as dropped.
+The counts are exported as ``llm_gateway_trace_spans_dropped_total`` and
 ``llm_gateway_trace_spans_unconfirmed_total`` (``tracing.SpanDropCollector``).
 
 Beside it: the record format (``gateway.observability.span_records``), the encoding
@@ -63,6 +67,7 @@ BATCH_BYTES = 4 * 1024 * 1024
 MAX_QUEUE_BYTES = 16 * 1024 * 1024
 _CHUNK = 32  # records encoded by one loop callback...
 _CHUNK_S = 0.001  # ...unless it has taken this long (an answer of 64 KiB takes ~0.3 ms to read)
+_RESERVE = 64 * 1024  # bytes of room an encoding pass reserves at a time (at least a span's)
 
 
 Deliver = Callable[[list[Any]], None]  # a batch of what ``prepare`` made (else of records)
@@ -190,8 +195,7 @@ class Exporter:
             return
         with self._idle:  # a record taken but not yet queued still counts for force_flush
             self._in_flight += 1
-        room = self._max_bytes - self.held_bytes  # the lock is taken once, at the end
-        added = 0
+        reserved = added = 0  # bytes of room this pass holds, and of them used
         try:
             n = 0
             while records and (limit is None or n < limit):
@@ -206,18 +210,32 @@ class Exporter:
                     self.dropped += 1
                     log.exception("a span could not be encoded")
                     continue
-                if added + len(item) > room:
-                    self._drop_full()
-                    continue
-                added += len(item)
+                size = len(item)
+                if added + size > reserved:
+                    reserved += self._reserve(added + size - reserved)
+                    if added + size > reserved:
+                        self._drop_full()
+                        continue
+                added += size
                 ready(item)
                 if deadline is not None and time.perf_counter() > deadline:
                     return
         finally:
             with self._idle:
-                self.held_bytes += added
+                self.held_bytes -= reserved - added
                 self._in_flight -= 1
                 self._idle.notify_all()
+
+    def _reserve(self, need: int) -> int:
+        """Take room for ``need`` more bytes and some to spare (up to ``_RESERVE``) from the
+        bound, under the lock; 0 if less than ``need`` is free."""
+        with self._idle:
+            free = self._max_bytes - self.held_bytes
+            if free < need:
+                return 0
+            taken = min(free, max(need, _RESERVE))
+            self.held_bytes += taken
+            return taken
 
     def _run(self) -> None:
         while not self._stopping:

@@ -115,6 +115,28 @@ async def test_a_lost_removal_clears_the_replicas_blocks(rig: Rig) -> None:
     assert rig.matched("efghijkl") == 2  # what came after the loss counts
 
 
+async def test_a_replica_back_in_service_resyncs_without_counting_losses(rig: Rig) -> None:
+    # The same engine all along (no restart); its replay buffer keeps the last 5 batches.
+    for seq in range(20):
+        await rig.fake.publish(seq, [block(seq + 1, None, f"{seq:04d}")])
+        rig.fake.forget_before(seq - 4)
+    await wait_for(lambda: rig.sub.stats.last_seq == 19)
+    # Out of service (a failed health check) and back: its blocks are forgotten...
+    rig.router.replica_out(rig.replica)
+    assert rig.matched("0019") == 0
+    # ... and its next batch re-syncs from what the buffer still holds (15 to 19).
+    await rig.fake.publish(20, [block(21, None, "0020")])
+    await wait_for(lambda: rig.sub.stats.last_seq == 20)
+    assert rig.fake.replay_requests == [0]
+    assert [rig.matched(f"{seq:04d}") for seq in (14, 15, 19, 20)] == [0, 1, 1, 1]
+    # Batches 0 to 14, gone from the buffer, were not lost: nothing of theirs was held.
+    stats = rig.sub.stats
+    assert (stats.lost, stats.gaps, stats.replayed) == (0, 0, 0)
+    assert stats.resets == 1  # the forget's own, no other
+    assert (stats.batches, stats.events) == (21, 21)  # each batch published counted once
+    assert stats.synced == 5  # 15 to 19 applied again
+
+
 def test_the_index_holds_at_most_max_blocks_per_replica() -> None:
     index = KVBlockIndex(CallableTokenizer(ids), pending_ttl_s=0, max_blocks=8)
     [r] = pool(1)

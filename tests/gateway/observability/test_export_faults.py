@@ -4,6 +4,7 @@ and what is counted (dropped, or unconfirmed: maybe received)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
@@ -165,4 +166,41 @@ async def test_a_hung_collector_holds_at_most_the_queues_bytes() -> None:
         for writer in hung:
             writer.transport.abort()  # the send fails: the thread can end
         server.close()
+        await asyncio.to_thread(exporter.shutdown)
+
+
+async def test_the_loop_and_the_thread_encoding_at_once_hold_at_most_the_bound() -> None:
+    """The export thread encodes a span (a long answer to summarise) while the loop's chunk
+    callback encodes another: together they hold at most ``max_queue_bytes``, where each used
+    to fill the room it saw when it started (up to twice the bound)."""
+    encoder = Encoder({"service.name": "t"})
+    inside, go_on, hung = threading.Event(), threading.Event(), threading.Event()
+
+    def prepare(record: SpanRecord) -> bytes:
+        if record[1] == 1:  # the thread's span: it waits inside the encoding
+            inside.set()
+            go_on.wait(10)
+        return encoder.span(record)
+
+    def deliver(batch: list[bytes]) -> None:  # a hung collector
+        hung.wait(10)
+
+    span_bytes = len(encoder.span(_record(0, size=600)))
+    bound = span_bytes * 3 // 2  # room for one span, not two
+    exporter = Exporter(deliver, prepare=prepare, chunk=1, schedule_s=0.01, max_queue_bytes=bound)
+    try:
+        await asyncio.to_thread(exporter.add, _record(0, size=600))  # no loop: the thread's
+        assert await asyncio.to_thread(inside.wait, 10)
+        exporter.add(_record(1, size=600))  # the loop's callback encodes it meanwhile
+        await asyncio.sleep(0)  # the callback, scheduled first, has run
+        assert exporter.held_bytes == span_bytes and exporter.dropped == 0
+        go_on.set()
+        for _ in range(1000):  # the thread's pass ends: its span dropped, or held over the bound
+            if exporter.dropped or exporter.held_bytes > span_bytes:
+                break
+            await asyncio.sleep(0.01)
+        assert exporter.held_bytes <= bound and exporter.dropped == 1
+    finally:
+        go_on.set()
+        hung.set()
         await asyncio.to_thread(exporter.shutdown)
