@@ -7,7 +7,8 @@ the extras a section needs are installed; each problem is a ``file:line: key: me
 the event loop (pools, the cache store, the embedding model, the exporter), reusing from the
 running runtime whatever did not change (pools keep their health and in-flight counts, the
 embedder its model, the cache stage its store and entries, retuned; a new cache store takes
-over the audit's raised thresholds, the audits and the counters) and handing a changed
+over the audit's raised thresholds, the audits and the counters, kept in the runtime while a
+reload turns the cache off: ``CacheLedger``) and handing a changed
 backend's new pools the per-replica state of its pools still draining (``ReplicaStates``), so
 a reload swaps one reference; ``retire`` closes what the new runtime no longer uses (once what is in flight on it
 has ended).
@@ -42,6 +43,7 @@ from routing.pool import BackendPool, PoolSettings, ReplicaStates
 from routing.replica import Replica
 
 if TYPE_CHECKING:
+    from gateway.stages.cache import CacheLedger, CacheStage
     from gateway.stages.tiers import TierStage
 
 EMBEDDING_DIM = 384  # all-MiniLM-L6-v2
@@ -305,24 +307,36 @@ async def _resources(
             embedder = await SentenceTransformerEmbedder.create(
                 backend=config.embedder_backend, threads=config.embedder_threads
             )
-    cache = None
-    if policy.needs_cache():
-        redis_url = policy.cache_redis_url()
-        running = old.cache if old is not None else None
-        if running is not None and running.keeps_store(config, redis_url):
-            cache = running  # retuned to the new settings once the reload is accepted
-        else:
-            from gateway.stages.cache import CacheStage
-
-            cache = await CacheStage.open(config, redis_url, EMBEDDING_DIM, replaces=running)
+    cache, ledger = await _cache(policy, old)
     responses = _response_store(policy, previous)
     if telemetry is not None:
-        return Resources(embedder, cache, telemetry, False, responses, limiter)
+        return Resources(embedder, cache, telemetry, False, responses, limiter, ledger)
     if old is not None and previous is not None and previous.policy.telemetry == policy.telemetry:
-        return Resources(embedder, cache, old.telemetry, old.owns_telemetry, responses, limiter)
+        return Resources(
+            embedder, cache, old.telemetry, old.owns_telemetry, responses, limiter, ledger
+        )
     return Resources(
-        embedder, cache, Telemetry.from_config(policy.telemetry), True, responses, limiter
+        embedder, cache, Telemetry.from_config(policy.telemetry), True, responses, limiter, ledger
     )
+
+
+async def _cache(
+    policy: Policy, old: Resources | None
+) -> tuple[CacheStage | None, CacheLedger | None]:
+    """The cache stage (the running one, retuned, when its store is kept) and the ledger of
+    what the cache learned and counted, which a new stage goes on from: that of the stage it
+    replaces, or of the last one, when a reload turned the cache off and this one on again."""
+    running = old.cache if old is not None else None
+    ledger = running.ledger if running is not None else old.cache_ledger if old else None
+    if not policy.needs_cache():
+        return None, ledger
+    redis_url = policy.cache_redis_url()
+    if running is not None and running.keeps_store(policy.cache_store, redis_url):
+        return running, ledger  # retuned to the new settings once the reload is accepted
+    from gateway.stages.cache import CacheStage
+
+    cache = await CacheStage.open(policy.cache_store, redis_url, EMBEDDING_DIM, ledger)
+    return cache, cache.ledger
 
 
 def _response_store(policy: Policy, previous: Runtime | None) -> ResponseStore:

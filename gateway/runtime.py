@@ -36,7 +36,7 @@ from routing.pool import BackendPool, ReplicaStates
 
 if TYPE_CHECKING:
     from gateway.call import Embedder
-    from gateway.stages.cache import CacheStage
+    from gateway.stages.cache import CacheLedger, CacheStage
     from gateway.stages.tiers import TierStage
     from policies.cache import CachePolicy
 
@@ -89,6 +89,9 @@ class Resources:
     responses: ResponseStore = field(default_factory=lambda: open_store(None))
     # Tenant limits, budgets and usage (in memory, or shared in Redis).
     limiter: Limiter = field(default_factory=lambda: Limiter(MemoryStore()))
+    # What the cache learned and counted: the running stage's, or, while a reload has turned
+    # the cache off, the last stage's (the next stage goes on from it: counters never go back).
+    cache_ledger: CacheLedger | None = None
 
 
 class Runtime:

@@ -9,6 +9,7 @@ request.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -94,12 +95,23 @@ class _ReplicaCollector(Collector):
 
 class KVEventCollector(Collector):
     """``llm_gateway_kv_events_total{backend,replica,event}``: what each replica's KV-event
-    subscriber saw (strategy prefix_precise), read at scrape time from its stats."""
+    subscriber saw (strategy prefix_precise), read at scrape time from its stats.
+
+    A reload that changes a backend (any of its settings) builds a new router, whose
+    subscribers count from zero. So that the series never goes back, what a stopped subscriber
+    counted is kept (``_retired``) and added to its successor's counts, for as long as the
+    replica stays in the backend (a strategy changed away from prefix_precise and back
+    included; a removed replica's series ends). A subscriber is known stopped when a scrape no
+    longer finds it; its stats object, held since the last scrape, has its final counts. (A
+    router built and replaced between two scrapes is never seen: its counts are missed, and
+    the series still does not go back.)"""
 
     EVENTS = tuple(f for f in SubscriberStats.__slots__ if f != "last_seq")
 
     def __init__(self, pools: Callable[[], Iterable[BackendPool]]) -> None:
         self._pools = pools
+        self._seen: dict[tuple[str, str], SubscriberStats] = {}  # at the last scrape
+        self._retired: dict[tuple[str, str], Counter[str]] = {}
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(
@@ -109,13 +121,24 @@ class KVEventCollector(Collector):
             "restarts, unreadable messages, bad_batches (skipped), index resets",
             labels=["backend", "replica", "event"],
         )
-        for pool in self._pools():
-            if not isinstance(pool.router, PrecisePrefixRouter):
-                continue
-            for replica, sub in pool.router.events.subscribers.items():
-                for event in self.EVENTS:
-                    value = float(getattr(sub.stats, event))
-                    family.add_metric([pool.name, replica, event], value)
+        pools = list(self._pools())
+        live = {
+            (pool.name, replica): sub.stats
+            for pool in pools
+            if isinstance(pool.router, PrecisePrefixRouter)
+            for replica, sub in pool.router.events.subscribers.items()
+        }
+        for key, stats in self._seen.items():
+            if live.get(key) is not stats:
+                retired = self._retired.setdefault(key, Counter())
+                retired.update({event: getattr(stats, event) for event in self.EVENTS})
+        self._seen = live
+        in_policy = {(pool.name, r.name) for pool in pools for r in pool.replicas}
+        self._retired = {k: v for k, v in self._retired.items() if k in in_policy}
+        for key, stats in live.items():
+            before = self._retired.get(key, Counter())
+            for event in self.EVENTS:
+                family.add_metric([*key, event], float(getattr(stats, event) + before[event]))
         yield family
 
 

@@ -42,7 +42,8 @@ from gateway.protocol.sse import DONE, EventSplitter, payloads
 
 if TYPE_CHECKING:
     from cache.audit import AuditBook
-    from cache.semantic import CacheHit, CachePlan, ResponseCache
+    from cache.gate import SemanticGate
+    from cache.semantic import CacheHit, CachePlan, CacheStats, ResponseCache
     from gateway.runtime import Destination
     from gateway.upstream.attempts import AttemptOpener
     from policies.cache import CachePolicy, CacheStoreConfig
@@ -201,6 +202,19 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
+@dataclass(frozen=True, slots=True)
+class CacheLedger:
+    """What the gateway's cache learned and counted, which outlives a stage and its store: the
+    gate (with the audit's raised thresholds, which only ``DELETE /admin/cache/thresholds``
+    lowers), the counters (which never go back) and the audit book. A reload that replaces
+    the store hands it to the new stage; one that turns the cache off keeps it in the runtime
+    (``Resources.cache_ledger``) for the next that turns it on."""
+
+    gate: SemanticGate
+    stats: CacheStats
+    audits: AuditBook
+
+
 class CacheStage:
     def __init__(
         self,
@@ -225,15 +239,13 @@ class CacheStage:
         config: CacheStoreConfig,
         redis_url: str | None,
         dim: int,
-        replaces: CacheStage | None = None,
+        ledger: CacheLedger | None = None,
     ) -> CacheStage:
         """Build the store, index and verifier, off the event loop.
 
-        ``replaces``: the stage of the store a reload replaces. What the gateway learned and
-        counted outlives its store: the new stage shares its gate (the audit's raised
-        thresholds, which only ``DELETE /admin/cache/thresholds`` lowers), its audit book and
-        its counters (which never go back), and the old stage's last fills and audits, still
-        running, count there too."""
+        ``ledger``: that of the stage a reload replaces (its last fills and audits, still
+        running, count there too), or of the last stage a reload turned off. The new stage
+        goes on with it: the same gate (no verifier to load again), counters and audits."""
         from cache.redis_store import RedisStore
         from cache.semantic import ResponseCache
         from cache.store import CacheStore, InMemoryStore
@@ -244,14 +256,17 @@ class CacheStage:
             store = RedisStore(redis_url, prefix=config.prefix, timeout_s=config.timeout_ms / 1000)
         else:
             store = InMemoryStore(max_bytes=config.max_memory_bytes)
-        if replaces is not None:
-            old = replaces.cache
-            cache = ResponseCache(store, None, dim=dim, gate=old.semantic.gate, stats=old.stats)
+        if ledger is not None:
+            cache = ResponseCache(store, None, dim=dim, gate=ledger.gate, stats=ledger.stats)
         else:
             verifier = await asyncio.to_thread(Verifier.load)
             cache = ResponseCache(store, verifier, dim=dim)
         await cache.start()
-        return cls(cache, config, redis_url, replaces.audits if replaces is not None else None)
+        return cls(cache, config, redis_url, ledger.audits if ledger is not None else None)
+
+    @property
+    def ledger(self) -> CacheLedger:
+        return CacheLedger(self.cache.semantic.gate, self.cache.stats, self.audits)
 
     def keeps_store(self, config: CacheStoreConfig, redis_url: str | None) -> bool:
         """Whether a reload to these settings keeps this stage and its store (and entries):

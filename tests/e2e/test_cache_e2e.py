@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -205,6 +206,33 @@ async def test_a_lookup_behind_its_embedding_is_a_timeout_not_an_unavailable_sto
     events = await cache_events(gw)
     assert events["timeouts"] == 1.0
     assert events["unavailable"] == 0.0
+
+
+async def test_cache_counters_never_go_back_when_a_reload_turns_the_cache_off_and_on(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """The stage a reload turned off took its counters with it: the next that turned the
+    cache on counted from zero, which Prometheus reads as a reset."""
+    up = await make_fake()
+    path = tmp_path / "policy.yaml"
+
+    async def reload(text: str) -> None:
+        path.write_text(text)
+        async with aiohttp.ClientSession() as s, s.post(gw.root + "/admin/reload") as r:
+            assert r.status == 200, await r.text()
+
+    path.write_text(policy(up.url, EXACT))
+    gw = await make_gateway(path.read_text(), policy_path=path)
+    assert [(await ask(gw))[1] for _ in range(2)] == ["miss", "exact"]
+    before = await cache_events(gw)
+    assert (before["misses"], before["exact_hits"]) == (1.0, 1.0)
+
+    await reload(pool_policy([up.url]))  # no cache: no series, which is no reset
+    assert gw.runtime.cache is None and await cache_events(gw) == {}
+    await reload(policy(up.url, EXACT))
+    assert (await ask(gw))[1] == "miss"  # a new store, empty
+    after = await cache_events(gw)
+    assert after == {**before, "misses": 2.0, "stored": before["stored"] + 1}
 
 
 async def test_admin_purge(make_fake: FakeFactory, make_gateway: GatewayFactory) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import zmq.asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.sim.kv_events import KvEventPublisher
 from bench.sim.kvcache import BlockStored
@@ -17,6 +18,7 @@ from routing.prefix import PrecisePrefixRouter
 from routing.prompt_text import render_for_routing
 from tests.conftest import FakeFactory, GatewayFactory, build_policy, vllm
 from tests.routing.helpers import words, write_bpe_tokenizer
+from tests.routing.kv_fakes import FakePublisher, block
 
 
 def precise_policy(urls: list[str], tokenizer: Path, **sections: Any) -> str:
@@ -178,4 +180,88 @@ async def test_a_reload_that_adds_a_replica_keeps_what_the_index_knew(
     finally:
         for publisher in publishers:
             await publisher.close()
+        ctx.term()
+
+
+async def kv_batches(root: str) -> float | None:
+    """``llm_gateway_kv_events_total{event="batches"}`` as scraped (None: no such series)."""
+    async with aiohttp.ClientSession() as s, s.get(root + "/metrics") as r:
+        text = await r.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "llm_gateway_kv_events_total" and sample.labels["event"] == "batches":
+                return sample.value
+    return None
+
+
+async def test_kv_event_counts_never_go_back_when_a_reload_rebuilds_the_router(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """Any change to a backend (here its health interval) builds a new router, whose
+    subscribers count from zero: the series went back (336 batches to 12), which Prometheus
+    reads as a counter reset. So did a strategy changed away from prefix_precise and back."""
+    up = await make_fake()
+    ctx = zmq.asyncio.Context()
+    fake = FakePublisher(ctx)
+    replays = asyncio.create_task(fake.serve_replays())
+    tokenizer = write_bpe_tokenizer(tmp_path / "tokenizer.json")
+    path = tmp_path / "policy.yaml"
+
+    def policy(strategy: str, interval_s: float) -> str:
+        routing = {
+            "strategy": strategy,
+            "tokenizer": str(tokenizer),
+            "scrape_interval_s": 0,
+            "kv_events": {
+                "endpoints": {
+                    up.url: {"endpoint": fake.endpoint, "replay_endpoint": fake.replay_endpoint}
+                }
+            },
+        }
+        if strategy != "prefix_precise":
+            routing = {"strategy": strategy, "scrape_interval_s": 0}
+        backend = vllm(up.url, routing=routing, health={"interval_s": interval_s})
+        return build_policy({"up": backend}, {"m": {"backend": "up", "model": "fake-model"}})
+
+    async def reload(text: str) -> None:
+        path.write_text(text)
+        async with aiohttp.ClientSession() as s, s.post(gw.root + "/admin/reload") as r:
+            assert r.status == 200, await r.text()
+
+    published = 0
+
+    async def publish_until_counted(batches: int = 1) -> float:
+        """Publish until the current router's subscriber (just connected) has applied
+        ``batches``, then scrape."""
+        nonlocal published
+        router = gw.runtime.pools["up"].router
+        assert isinstance(router, PrecisePrefixRouter)
+        [sub] = router.events.subscribers.values()
+        async with asyncio.timeout(10):
+            while sub.stats.batches < batches:
+                await fake.publish(published, [block(published + 1, None, "abcd")])
+                published += 1
+                await asyncio.sleep(0.02)
+        scraped = await kv_batches(gw.root)
+        assert scraped is not None
+        return scraped
+
+    try:
+        path.write_text(policy("prefix_precise", 60))
+        gw = await make_gateway(path.read_text(), policy_path=path)
+        seen = [await publish_until_counted(5)]
+        router = gw.runtime.pools["up"].router
+
+        await reload(policy("prefix_precise", 30))  # only the health interval changed
+        assert gw.runtime.pools["up"].router is not router
+        seen.append(await publish_until_counted())
+
+        await reload(policy("prefix", 30))  # no subscriber: no series, which is no reset
+        assert await kv_batches(gw.root) is None
+        await reload(policy("prefix_precise", 30))
+        seen.append(await publish_until_counted())  # replays what came before: a new index
+        assert seen == sorted(seen) and seen[1] > seen[0], seen
+    finally:
+        replays.cancel()
+        fake.close()
         ctx.term()
