@@ -105,6 +105,7 @@ class KVEventSubscriber:
         self._replay_timeout_s = replay_timeout_s
         self._sub: zmq.asyncio.Socket | None = None
         self._work = 0  # since the loop last had a turn
+        self._forgotten = 0  # forgets so far: a replay begun before one stops taking batches
         self.connected = asyncio.Event()
 
     async def run(self) -> None:
@@ -127,10 +128,18 @@ class KVEventSubscriber:
             sub.close(linger=0)
             self._sub = None
 
+    def forget(self) -> None:
+        """Take the next batch as a first one (a re-sync); a replay running now stops taking
+        batches, and the batch that asked for it is not taken either (both from before)."""
+        self._forgotten += 1
+        self.stats.resets += 1
+        self.stats.last_seq = None
+
     async def _on_message(self, frames: Sequence[bytes]) -> None:
         if len(frames) != 3:
             raise KVEventFormatError(f"expected 3 frames, got {len(frames)}")
         seq = decode_seq(frames[1])
+        forgotten = self._forgotten
         last = self.stats.last_seq
         if last is not None and seq <= last:
             # Sequence numbers restart with the engine, and so does its cache.
@@ -142,7 +151,8 @@ class KVEventSubscriber:
         elif last is not None and seq > last + 1:
             self.stats.gaps += 1
             await self._replay(last + 1, seq, resync=False)
-        self._take(seq, frames[2])
+        if self._forgotten == forgotten:  # else forgotten during the replay: the next re-syncs
+            self._take(seq, frames[2])
 
     def _take(self, seq: int, payload: bytes, came: Came = "live") -> None:
         """Apply batch ``seq`` and count it; one that does not decode is skipped, counted."""
@@ -181,8 +191,11 @@ class KVEventSubscriber:
         """Apply buffered batches ``start <= seq < stop`` from the replay endpoint. A re-sync
         starts from nothing: what it misses before its first batch is not lost."""
         reached = start
+        forgotten = self._forgotten
         if self.source.replay_endpoint is not None:
             reached = await self._fetch_replay(start, stop, resync)
+        if self._forgotten != forgotten:
+            return
         if not resync or reached > start:
             self._missed(reached, stop)
 
@@ -198,6 +211,7 @@ class KVEventSubscriber:
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         reached = start
+        forgotten = self._forgotten
         try:
             dealer.connect(self.source.replay_endpoint)
             await dealer.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
@@ -209,7 +223,7 @@ class KVEventSubscriber:
                 if len(frames) < 3:
                     break
                 seq = decode_seq(frames[2] if len(frames) >= 4 else frames[1])
-                if seq < 0:
+                if seq < 0 or self._forgotten != forgotten:
                     break
                 if reached <= seq < stop and len(frames) >= 4:
                     if not resync or reached > start:
@@ -264,8 +278,7 @@ class KVEventHub:
         self.sink.reset(replica_name)
         sub = self.subscribers.get(replica_name)
         if sub is not None:
-            sub.stats.resets += 1
-            sub.stats.last_seq = None
+            sub.forget()
 
     async def stop(self) -> None:
         tasks = list(self._tasks.values())

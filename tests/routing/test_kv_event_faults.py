@@ -216,3 +216,55 @@ async def test_a_backlog_of_events_leaves_turns_to_requests(
             if rig.sub.stats.batches < n:
                 answered_while_draining += 1
     assert answered_while_draining >= 3
+
+
+async def test_a_forget_during_a_replay_stops_it_and_the_next_batch_resyncs() -> None:
+    """A replica that leaves service while its re-sync is replaying: what the replay sends
+    after the forget, and the batch that asked for it, are from before; none is applied (the
+    replay applied them and set the old sequence again, so the next batch was no re-sync)."""
+    ctx = zmq.asyncio.Context()
+    fake = FakePublisher(ctx)
+    replica = Replica("b", "http://10.0.0.1:8000/v1")
+    source = KVEventSource(replica.name, fake.endpoint, fake.replay_endpoint)
+    router = PrecisePrefixRouter(
+        CallableTokenizer(ids), sources=lambda _: [source], pending_ttl_s=0
+    )
+    await router.start([replica])
+    await fake.subscribed()
+    sub = router.events.subscribers[replica.name]
+    go, half_sent, done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def replay_in_two_halves() -> None:
+        client, _, start = await fake.router.recv_multipart()
+        assert int.from_bytes(start, "big") == 0
+        for seq in range(10):
+            if seq == 5:
+                half_sent.set()
+                await go.wait()
+            frames = [client, b"", b"kv", seq.to_bytes(8, "big"), fake.kept[seq]]
+            await fake.router.send_multipart(frames)
+        await fake.router.send_multipart([client, b"", (-1).to_bytes(8, "big", signed=True), b""])
+        done.set()
+
+    server = asyncio.create_task(replay_in_two_halves())
+    try:
+        for seq in range(10):  # published before the subscriber followed: the buffer has them
+            await fake.publish(seq, [block(seq + 1, None, f"{seq:04d}")], keep_only=True)
+        await fake.publish(10, [block(11, None, "0010")])  # asks for a re-sync from 0
+        await asyncio.wait_for(half_sent.wait(), 5)
+        await wait_for(lambda: sub.stats.synced == 5)
+        router.replica_out(replica)  # out of service, mid-replay
+        go.set()
+        await asyncio.wait_for(done.wait(), 5)
+        await asyncio.sleep(0.3)  # the subscriber reads the rest of the replay
+        assert sub.stats.last_seq is None  # the next batch re-syncs
+        assert [router.blocks.probe(req(t)).matched(replica) for t in ("0004", "0009", "0010")] == [
+            0,
+            0,
+            0,
+        ]
+        assert sub.stats.synced == 5
+    finally:
+        server.cancel()
+        await router.stop()
+        fake.close()
