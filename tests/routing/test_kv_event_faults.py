@@ -31,6 +31,12 @@ class Rig:
     fake: FakePublisher
     router: PrecisePrefixRouter
     replica: Replica
+    ctx: zmq.asyncio.Context
+
+    async def stop(self) -> None:
+        await self.router.stop()
+        self.fake.close()
+        self.ctx.term()
 
     @property
     def sub(self) -> KVEventSubscriber:
@@ -40,9 +46,8 @@ class Rig:
         return self.router.blocks.probe(req(text)).matched(self.replica)
 
 
-@pytest.fixture
-async def rig() -> AsyncIterator[Rig]:
-    """One replica's publisher (answering replays) and a started precise router."""
+async def started_rig() -> Rig:
+    """One replica's publisher and a precise router following it (replays are the caller's)."""
     ctx = zmq.asyncio.Context()
     fake = FakePublisher(ctx)
     replica = Replica("b", "http://10.0.0.1:8000/v1")
@@ -50,16 +55,21 @@ async def rig() -> AsyncIterator[Rig]:
     router = PrecisePrefixRouter(
         CallableTokenizer(ids), sources=lambda _: [source], pending_ttl_s=0
     )
-    replays = asyncio.create_task(fake.serve_replays())
     await router.start([replica])
     await fake.subscribed()
+    return Rig(fake, router, replica, ctx)
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    """A started rig whose publisher answers every replay."""
+    started = await started_rig()
+    replays = asyncio.create_task(started.fake.serve_replays())
     try:
-        yield Rig(fake, router, replica)
+        yield started
     finally:
         replays.cancel()
-        await router.stop()
-        fake.close()
-        ctx.term()
+        await started.stop()
 
 
 BAD_PAYLOADS = {
@@ -222,16 +232,8 @@ async def test_a_forget_during_a_replay_stops_it_and_the_next_batch_resyncs() ->
     """A replica that leaves service while its re-sync is replaying: what the replay sends
     after the forget, and the batch that asked for it, are from before; none is applied (the
     replay applied them and set the old sequence again, so the next batch was no re-sync)."""
-    ctx = zmq.asyncio.Context()
-    fake = FakePublisher(ctx)
-    replica = Replica("b", "http://10.0.0.1:8000/v1")
-    source = KVEventSource(replica.name, fake.endpoint, fake.replay_endpoint)
-    router = PrecisePrefixRouter(
-        CallableTokenizer(ids), sources=lambda _: [source], pending_ttl_s=0
-    )
-    await router.start([replica])
-    await fake.subscribed()
-    sub = router.events.subscribers[replica.name]
+    started = await started_rig()
+    fake, router, replica, sub = started.fake, started.router, started.replica, started.sub
     go, half_sent, done = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def replay_in_two_halves() -> None:
@@ -266,5 +268,4 @@ async def test_a_forget_during_a_replay_stops_it_and_the_next_batch_resyncs() ->
         assert sub.stats.synced == 5
     finally:
         server.cancel()
-        await router.stop()
-        fake.close()
+        await started.stop()
